@@ -1,0 +1,134 @@
+"""Frozen configuration dataclasses, one per concern, aggregated into `EngineConfig` and `ServerConfig`.
+
+They are built once by the CLI (from flags and, through `envs`, TGI's environment variables) and passed
+explicitly, including to child processes (pickled). Values discovered at run time (the number of KV blocks,
+the resulting max_total_tokens) are returned as `CacheInfo`; they never mutate a config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytgi.errors import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_id: str
+    revision: str | None = None
+    dtype: str | None = None  # None = per-device default (fp32 on CPU)
+    quantize: str | None = None
+    trust_remote_code: bool = False
+    allow_pickle_weights: bool = False  # .bin checkpoints only with this opt-in (converted, weights_only)
+    hub_cache_dir: str | None = None
+    hf_token: str | None = None
+    hub_offline: bool = False
+    tokenizer_id: str | None = None  # defaults to the model directory
+    tokenizer_config_path: str | None = None
+    seed: int = 0  # random-weight init, warm-up inputs
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: derived from free memory at warm-up
+    memory_fraction: float = 0.9  # of the memory left after loading weights and a warm-up step
+    max_kv_cache_bytes: int | None = None  # hard cap on KV memory (CPU: RAM is shared with everything)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        if self.block_size <= 0:
+            raise ConfigError("block_size must be > 0")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ConfigError("memory_fraction must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_prefill_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
+    max_batch_total_tokens: int | None = None  # KV budget in tokens; None = from memory
+    max_batch_size: int | None = None  # max running requests; None = unbounded (KV-limited)
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self):
+        if self.max_batch_size is not None and self.max_batch_size <= 0:
+            raise ConfigError("`max_batch_size` must be > 0")
+        if self.max_batch_prefill_tokens <= 0:
+            raise ConfigError("`max_batch_prefill_tokens` must be > 0")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    num_shard: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    def __post_init__(self):
+        if self.num_shard < 1:
+            raise ConfigError("`num_shard` must be >= 1")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    cuda_graphs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What warm-up found: KV capacity and the request limits derived from it (reported by /info)."""
+
+    num_blocks: int
+    block_size: int
+    max_total_tokens: int  # per request
+    max_input_tokens: int
+    max_batch_total_tokens: int  # KV capacity in tokens
+    max_position_embeddings: int
+    dtype: str
+    device: str
+    warmup_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """TGI's per-request limits (validated by the router)."""
+
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_input_tokens: int | None = None  # None = derived at warm-up
+    max_total_tokens: int | None = None  # None = derived at warm-up
+    max_client_batch_size: int = 4
+    payload_limit: int = 2_000_000
+
+    def __post_init__(self):
+        mi, mt = self.max_input_tokens, self.max_total_tokens
+        if mi is not None and mt is not None and mi >= mt:
+            raise ConfigError(f"`max_input_tokens`({mi}) must be < `max_total_tokens`({mt})")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    hostname: str = "0.0.0.0"
+    port: int = 3000
+    api_key: str | None = None
+    cors_allow_origin: tuple[str, ...] = ()
+    json_output: bool = False
+    graceful_termination_timeout_s: float = 90.0
+    enable_prefill_logprobs: bool = False
+    disable_grammar_support: bool = False
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    model_id: str = ""
+    model_sha: str | None = None
+    prometheus_port: int | None = None

@@ -1,0 +1,45 @@
+"""Per-request generation parameters, as the engine sees them.
+
+The router validates user input and builds these; the engine and the sampler trust them.
+They are plain picklable dataclasses so they cross the API/engine process boundary as-is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen (TGI `parameters`, §7 of the contract).
+
+    `do_sample` is already resolved by the router: a request with temperature != 1, top_k, top_p < 1
+    or typical_p < 1 samples even when the user said do_sample=false. A sampling request always has
+    a `seed` (the router draws one when the user gave none), so sampling is reproducible.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    typical_p: float = 1.0  # 1.0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off
+    frequency_penalty: float = 0.0  # 0.0 = off
+    watermark: bool = False
+    seed: int | None = None
+    top_n_tokens: int = 0  # how many alternatives to report per generated token
+    prefill_logprobs: bool = False  # logprobs of the prompt tokens (decoder_input_details)
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample
+
+
+@dataclass(frozen=True)
+class StoppingParams:
+    """When the engine stops generating (token-level; stop *strings* are matched by the router)."""
+
+    max_new_tokens: int = 20
+    eos_token_ids: tuple[int, ...] = ()
+    ignore_eos_token: bool = False
+    stop_token_ids: tuple[int, ...] = field(default=())
