@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny random-weight checkpoints built offline, once per test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """`factory(arch="llama", **overrides) -> Path`: a cached tiny checkpoint directory per (arch, overrides)."""
+    from fixtures.tiny_models import build_tiny_model
+
+    built: dict[tuple, Path] = {}
+
+    def factory(arch: str = "llama", **overrides) -> Path:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in built:
+            path = tmp_path_factory.mktemp(f"tiny-{arch}")
+            build_tiny_model(path, arch, **overrides)
+            built[key] = path
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_model_factory) -> Path:
+    return tiny_model_factory("llama")
