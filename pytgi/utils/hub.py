@@ -1,0 +1,147 @@
+"""Resolve `--model-id` to a local directory: a local checkpoint as is, else a hub snapshot.
+
+A local directory never touches the network. A hub id goes through
+`huggingface_hub.snapshot_download` with the configured revision, cache dir, token and offline flag,
+in up to three passes: metadata (configs, tokenizer, weight index), then the safetensors weights
+(exactly the files the index names, so a duplicate `consolidated.safetensors` is not fetched), then
+pickle `.bin` weights only when the repo has no safetensors and `allow_pickle_weights` is set. Repo
+code (`*.py`) is fetched only with `trust_remote_code`. Hub failures become `ModelLoadError` naming
+the model id, revision and cache dir.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import huggingface_hub
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import errors as hf_errors
+
+from pytgi.config import ModelConfig
+from pytgi.errors import ModelLoadError
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+
+METADATA_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    SAFETENSORS_INDEX,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.json",
+    "chat_template.jinja",
+    "preprocessor_config.json",
+    "processor_config.json",
+]
+REMOTE_CODE_PATTERNS = ["*.py"]
+PICKLE_PATTERNS = [PICKLE_INDEX, "pytorch_model*.bin"]
+
+_PATH_PREFIXES = ("/", "./", "../", "~")
+
+
+def resolve_model_dir(model: ModelConfig, allow_patterns: list[str] | None = None) -> Path:
+    """The local directory holding `model.model_id`, downloading missing hub files into the cache.
+
+    `allow_patterns` replaces the default passes with one snapshot of exactly those patterns.
+    """
+    local = local_model_dir(model.model_id)
+    if local is not None:
+        return local
+    if allow_patterns is not None:
+        return _snapshot(model, allow_patterns)
+    patterns = METADATA_PATTERNS + (REMOTE_CODE_PATTERNS if model.trust_remote_code else [])
+    snapshot = _snapshot(model, patterns)
+    snapshot = _snapshot(model, safetensors_patterns(snapshot))
+    if model.allow_pickle_weights and not any(snapshot.glob("*.safetensors")):
+        snapshot = _snapshot(model, PICKLE_PATTERNS)
+    return snapshot
+
+
+def local_model_dir(model_id: str) -> Path | None:
+    """`model_id` as a local directory, None for a hub id; raises for a path that is not a dir."""
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if model_id.startswith(_PATH_PREFIXES) or path.exists():
+        raise ModelLoadError(f"Model directory `{model_id}` does not exist (or is not a directory)")
+    return None
+
+
+def safetensors_patterns(snapshot: Path) -> list[str]:
+    """Weight files to fetch: those the safetensors index names, else every `*.safetensors`."""
+    index = snapshot / SAFETENSORS_INDEX
+    if not index.is_file():
+        return ["*.safetensors"]
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(f"Invalid weight index `{index}`: {err}") from err
+    return sorted(set(weight_map.values()))
+
+
+def _snapshot(model: ModelConfig, allow_patterns: list[str]) -> Path:
+    try:
+        folder = huggingface_hub.snapshot_download(
+            model.model_id,
+            revision=model.revision,
+            cache_dir=model.hub_cache_dir,
+            token=model.hf_token,
+            local_files_only=model.hub_offline,
+            allow_patterns=allow_patterns,
+        )
+    except (OSError, ValueError) as err:  # hub HTTP, offline-cache, validation and disk errors
+        raise _hub_error(model, err) from err
+    return Path(folder)
+
+
+def _hub_error(model: ModelConfig, err: Exception) -> ModelLoadError:
+    """A `ModelLoadError` naming the model, revision and cache for a hub failure."""
+    name, revision = model.model_id, model.revision or "main"
+    cache = model.hub_cache_dir or hf_constants.HF_HUB_CACHE
+    if isinstance(err, hf_errors.GatedRepoError):
+        return ModelLoadError(
+            f"Model `{name}` is gated: accept its conditions on the hub and pass a token "
+            "(HF_TOKEN) of an account that has access"
+        )
+    if isinstance(err, hf_errors.RepositoryNotFoundError):
+        return ModelLoadError(
+            f"Model `{name}` was not found on the hub (if it is private, pass a token: HF_TOKEN)"
+        )
+    if isinstance(err, hf_errors.RevisionNotFoundError):
+        return ModelLoadError(f"Revision `{revision}` of model `{name}` was not found on the hub")
+    if isinstance(err, hf_errors.LocalEntryNotFoundError):
+        return ModelLoadError(_not_cached_message(model, err, cache))
+    if isinstance(err, hf_errors.HFValidationError):
+        return ModelLoadError(f"`{name}` is neither a local directory nor a valid hub id: {err}")
+    return ModelLoadError(f"Could not download model `{name}` (revision {revision}): {err}")
+
+
+def _not_cached_message(model: ModelConfig, err: Exception, cache: str) -> str:
+    name, revision = model.model_id, model.revision or "main"
+    head = f"Model `{name}` (revision {revision}) is not in the cache `{cache}`"
+    if model.hub_offline or isinstance(err.__cause__, hf_errors.OfflineModeIsEnabled):
+        reason = "HF_HUB_OFFLINE is set"
+    else:
+        reason = f"the hub cannot be reached ({err.__cause__ or err})"
+    cached = cached_revisions(cache, name)
+    hint = f"; cached revisions: {', '.join(cached)}" if cached else ""
+    return f"{head} and {reason}{hint}"
+
+
+def cached_revisions(cache_dir: str | Path, model_id: str) -> list[str]:
+    """Refs (branch/tag names) and snapshot commits of `model_id` present in a hub cache."""
+    repo = Path(cache_dir) / hf_constants.REPO_ID_SEPARATOR.join(["models", *model_id.split("/")])
+    refs = repo / "refs"
+    names = [str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()]
+    snapshots = repo / "snapshots"
+    commits = [p.name for p in snapshots.iterdir()] if snapshots.is_dir() else []
+    return sorted(names) + sorted(commits)
