@@ -1,0 +1,148 @@
+"""What `Infer` returns: plain dataclasses mirroring TGI's response objects (contract §2.5, §2.6).
+
+The server turns them into wire JSON; `finish_reason` is the engine's `FinishReason` (a `str` enum
+whose values are TGI's wire strings: "length", "eos_token", "stop_sequence").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytgi.engine.request import FinishReason
+from pytgi.router.params import GrammarParam
+
+
+@dataclass
+class Token:
+    """A generated token (or a top-n alternative): text decoded with special tokens kept."""
+
+    id: int
+    text: str
+    logprob: float
+    special: bool
+
+
+@dataclass
+class PrefillToken:
+    """A prompt token; the first one has no prediction, so its logprob is None (TGI: null)."""
+
+    id: int
+    text: str
+    logprob: float | None
+
+
+@dataclass
+class TokenSpan:
+    """A `/tokenize` entry: byte offsets into the UTF-8 `inputs`; `text` is that slice."""
+
+    id: int
+    text: str
+    start: int
+    stop: int
+
+
+@dataclass
+class Timings:
+    """Seconds spent per phase, for TGI's `x-*-time` headers and the request histograms."""
+
+    validation_s: float = 0.0
+    queue_s: float = 0.0
+    inference_s: float = 0.0
+    total_s: float = 0.0
+
+    def per_token_s(self, generated_tokens: int) -> float:
+        return self.inference_s / generated_tokens if generated_tokens > 0 else 0.0
+
+
+@dataclass
+class BestOfSequence:
+    """A losing `best_of` candidate (TGI `details.best_of_sequences[]`)."""
+
+    generated_text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken]
+    tokens: list[Token]
+    top_tokens: list[list[Token]]
+
+
+@dataclass
+class Generation:
+    """The result of a non-streaming generation.
+
+    `generated_text` is decoded with special tokens skipped, prefixed with the raw inputs when
+    `return_full_text`. `seed` is set only when the request sampled. `prefill` is [] unless the
+    server runs with `--enable-prefill-logprobs` and the request asked for `decoder_input_details`.
+    `top_tokens` is [] unless `top_n_tokens` > 0. `best_of_sequences` is None unless `best_of` > 1.
+    """
+
+    generated_text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken]
+    tokens: list[Token]
+    top_tokens: list[list[Token]]
+    input_length: int
+    timings: Timings
+    best_of_sequences: list[BestOfSequence] | None = None
+
+
+@dataclass
+class StreamDetails:
+    """Carried by the last stream event (TGI `StreamDetails` + `input_length`, and timings)."""
+
+    finish_reason: FinishReason
+    generated_tokens: int
+    seed: int | None
+    input_length: int
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class StreamEvent:
+    """One token of a stream. `index` starts at 1.
+
+    Only the last event has `generated_text` (full text, with the inputs when `return_full_text`)
+    and `details`; the router always fills `details` there — the server drops it from the wire
+    unless the request asked for `details` (chat and completions need `finish_reason` and the token
+    counts anyway). `text_delta` is the detokenized text this token adds to `generated_text`
+    (special tokens skipped; held back while it could be an incomplete UTF-8 char or the start of a
+    stop sequence), which is what OpenAI-style deltas want; `token.text` is the raw single-token
+    text TGI streams.
+    """
+
+    index: int
+    token: Token
+    top_tokens: list[Token]
+    text_delta: str = ""
+    generated_text: str | None = None
+    details: StreamDetails | None = None
+
+
+@dataclass
+class ChatPrompt:
+    """A rendered chat request, ready for `Infer.generate(text, params, add_special_tokens=False)`.
+
+    `grammar` is the `response_format` or the tool grammar (set it as `params.grammar`);
+    `tool_names` is non-empty when the request is in tool mode: parse the output with
+    `Infer.parse_tool_call`.
+    """
+
+    text: str
+    grammar: GrammarParam | None = None
+    tool_names: tuple[str, ...] = ()
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tool_names)
+
+
+@dataclass
+class ToolCall:
+    """A tool call parsed from generated text. `name == "no_tool"` means: answer without tools."""
+
+    name: str
+    arguments: dict[str, Any]
