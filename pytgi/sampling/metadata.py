@@ -1,0 +1,176 @@
+"""Per-step sampling inputs, rebuilt from the scheduled requests at every step.
+
+`SamplingMetadata.from_requests` reads each row's `SamplingParams` and token history once and builds
+only the tensors some row needs: a processor whose parameter is neutral for every row is `None` and
+costs nothing. Parameters used by a subset of rows carry the row indices (`RowParams`), so filters
+like top-p sort only those rows. Nothing here is kept between steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from pytgi.engine.outputs import ScheduledRequest
+from pytgi.engine.sampling_params import SamplingParams
+
+RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RowParams:
+    """One parameter for the rows that use it."""
+
+    rows: torch.Tensor | None  # [R] int64 batch rows; None = every row of the batch
+    values: torch.Tensor  # [R]
+
+    def apply(self, scores: torch.Tensor, fn: RowFn) -> torch.Tensor:
+        """scores [B, V] → scores [B, V] with `fn(scores[rows], values)` written to those rows."""
+        if self.rows is None:
+            return fn(scores, self.values)
+        scores[self.rows] = fn(scores[self.rows], self.values)  # [R, V] into [B, V]
+        return scores
+
+
+@dataclass(frozen=True)
+class PenaltyInputs:
+    """Token histories (prompt + generated) of the rows with a repetition or frequency penalty."""
+
+    rows: torch.Tensor | None  # [P] int64 batch rows; None = every row
+    num_rows: int  # P
+    flat_index: torch.Tensor  # [N] int64: row_in_P * V + token_id for every history token
+    seq_lens: torch.Tensor  # [P] float32: prompt + generated tokens
+    repetition_penalty: torch.Tensor | None  # [P]; None when 1.0 for every row
+    frequency_penalty: torch.Tensor | None  # [P]; None when 0.0 for every row
+
+
+@dataclass(frozen=True)
+class SamplingMetadata:
+    num_rows: int
+    top_n: list[int]  # alternatives to report per row
+    sample_rows: list[int]  # rows that sample; the others take the argmax
+    sample_seeds: list[int]  # per sample row
+    sample_steps: list[int]  # per sample row: index of the token being generated (len(output_ids))
+    watermark_rows: list[int]
+    watermark_prev_tokens: list[int]  # per watermark row: the last token of its history
+    penalties: PenaltyInputs | None
+    temperature: torch.Tensor | None  # [B]
+    top_k: RowParams | None
+    top_p: RowParams | None
+    typical_p: RowParams | None
+
+    @property
+    def any_penalty(self) -> bool:
+        return self.penalties is not None
+
+    @property
+    def any_watermark(self) -> bool:
+        return bool(self.watermark_rows)
+
+    @property
+    def any_warper(self) -> bool:
+        warpers = (self.temperature, self.top_k, self.top_p, self.typical_p)
+        return any(w is not None for w in warpers)
+
+    @property
+    def all_greedy(self) -> bool:
+        return not self.sample_rows
+
+    @property
+    def max_top_n(self) -> int:
+        return max(self.top_n, default=0)
+
+    @classmethod
+    def from_requests(
+        cls, requests: list[ScheduledRequest], vocab_size: int, device: torch.device | str
+    ) -> SamplingMetadata:
+        """Rows are `requests` in order (the ones sampling this step)."""
+        params = [r.sampling for r in requests]
+        sample_rows = [i for i, p in enumerate(params) if samples(p)]
+        watermark_rows = [i for i, p in enumerate(params) if p.watermark]
+        return cls(
+            num_rows=len(params),
+            top_n=[p.top_n_tokens for p in params],
+            sample_rows=sample_rows,
+            # the router always sets a seed for a sampling request; 0 stands in if one is missing
+            sample_seeds=[params[i].seed or 0 for i in sample_rows],
+            sample_steps=[len(requests[i].output_ids) for i in sample_rows],
+            watermark_rows=watermark_rows,
+            watermark_prev_tokens=[last_token(requests[i]) for i in watermark_rows],
+            penalties=build_penalties(requests, vocab_size, device),
+            temperature=build_temperature(params, device),
+            top_k=build_row_params(params, "top_k", 0, torch.int64, device),
+            top_p=build_row_params(params, "top_p", 1.0, torch.float32, device),
+            typical_p=build_row_params(params, "typical_p", 1.0, torch.float32, device),
+        )
+
+
+def samples(p: SamplingParams) -> bool:
+    """As TGI: any active warper switches a request to sampling, whatever `do_sample` says."""
+    warped = p.temperature != 1.0 or p.top_k > 0 or p.top_p < 1.0 or p.typical_p < 1.0
+    return p.do_sample or warped
+
+
+def last_token(request: ScheduledRequest) -> int:
+    return request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
+
+
+def build_temperature(params: list[SamplingParams], device) -> torch.Tensor | None:
+    if all(p.temperature == 1.0 for p in params):
+        return None
+    return torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+
+
+def build_row_params(
+    params: list[SamplingParams], name: str, neutral: float, dtype: torch.dtype, device
+) -> RowParams | None:
+    """The rows whose `name` differs from `neutral`, with their values (None if there are none)."""
+    rows = [i for i, p in enumerate(params) if getattr(p, name) != neutral]
+    if not rows:
+        return None
+    values = torch.tensor([getattr(params[i], name) for i in rows], dtype=dtype, device=device)
+    return RowParams(rows=index_tensor(rows, len(params), device), values=values)
+
+
+def build_penalties(
+    requests: list[ScheduledRequest], vocab_size: int, device
+) -> PenaltyInputs | None:
+    rows = [i for i, r in enumerate(requests) if has_penalty(r.sampling)]
+    if not rows:
+        return None
+    picked = [requests[i] for i in rows]
+    lens = [len(r.prompt_ids) + len(r.output_ids) for r in picked]
+    token_ids = list(chain.from_iterable(chain(r.prompt_ids, r.output_ids) for r in picked))
+    token_ids = torch.tensor(token_ids, dtype=torch.int64, device=device)  # [N]
+    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)  # [P]
+    row_of_token = torch.repeat_interleave(torch.arange(len(rows), device=device), lens_t)  # [N]
+    rep = [r.sampling.repetition_penalty for r in picked]
+    freq = [r.sampling.frequency_penalty for r in picked]
+    return PenaltyInputs(
+        rows=index_tensor(rows, len(requests), device),
+        num_rows=len(rows),
+        flat_index=row_of_token * vocab_size + token_ids,  # [N]
+        seq_lens=lens_t.to(torch.float32),  # [P]
+        repetition_penalty=optional_tensor(rep, 1.0, device),
+        frequency_penalty=optional_tensor(freq, 0.0, device),
+    )
+
+
+def has_penalty(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+
+
+def optional_tensor(values: list[float], neutral: float, device) -> torch.Tensor | None:
+    if all(v == neutral for v in values):
+        return None
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def index_tensor(rows: list[int], num_rows: int, device) -> torch.Tensor | None:
+    """Row indices as a tensor, or None when they are all the rows (no gather/scatter needed)."""
+    if len(rows) == num_rows:
+        return None
+    return torch.tensor(rows, dtype=torch.int64, device=device)

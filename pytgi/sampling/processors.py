@@ -1,0 +1,96 @@
+"""Batched logits processors: penalties and warpers, as pure functions over rows of scores.
+
+Each function takes `scores` [R, V] float32 and one parameter per row [R] and returns new
+scores; rows whose parameter is the neutral value (penalty 1.0 / 0.0, temperature 1.0) come back
+unchanged. The semantics match TGI (`utils/logits_process.py`) and transformers'
+`*LogitsWarper`s; filtered tokens get -inf. The Sampler picks the rows each processor applies to
+(see `SamplingMetadata`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FILTER_VALUE = -float("inf")
+
+
+def compute_token_counts(flat_index: torch.Tensor, num_rows: int, vocab_size: int) -> torch.Tensor:
+    """How often each id occurs in each row's history.
+
+    `flat_index` [N] holds `row * vocab_size + token_id` for every history token of every row.
+    Returns counts [num_rows, V] float32 (exact: counts stay far below 2**24).
+    """
+    counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=flat_index.device)
+    ones = torch.ones_like(flat_index, dtype=torch.float32)  # [N]
+    counts.index_add_(0, flat_index, ones)
+    return counts.view(num_rows, vocab_size)  # [R, V]
+
+
+def apply_repetition_penalty(
+    scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor
+) -> torch.Tensor:
+    """CTRL/HF repetition penalty on every id seen in the row's history: logit<0 → ×p, else ÷p.
+
+    Unlike TGI's batch tensor (right-padded with id 0), only ids that really occur are penalised.
+    """
+    p = penalty.unsqueeze(1)  # [R, 1]
+    penalised = torch.where(scores < 0, scores * p, scores / p)  # [R, V]
+    return torch.where(counts > 0, penalised, scores)  # [R, V]
+
+
+def apply_frequency_penalty(
+    scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor, seq_lens: torch.Tensor
+) -> torch.Tensor:
+    """TGI's frequency penalty: `logit -= p * count(token) / L`.
+
+    TGI divides by the padded batch length; we divide by the request's own sequence length
+    (prompt + generated so far), so a request's scores do not depend on its batch neighbours.
+    """
+    freq = counts / seq_lens.unsqueeze(1)  # [R, V]
+    return scores - freq * penalty.unsqueeze(1)  # [R, V]
+
+
+def apply_temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    return scores / temperature.unsqueeze(1)  # [R, V]
+
+
+def apply_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Keep tokens whose score is >= the row's k-th largest (ties at the k-th are kept; k >= 1)."""
+    vocab_size = scores.shape[-1]
+    k = top_k.clamp(min=1, max=vocab_size)  # [R]
+    max_k = int(k.max())
+    top_values = torch.topk(scores, max_k, dim=-1).values  # [R, max_k], descending
+    kth = top_values.gather(1, (k - 1).unsqueeze(1))  # [R, 1]
+    return scores.masked_fill(scores < kth, FILTER_VALUE)  # [R, V]
+
+
+def apply_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filtering: drop the tokens whose ascending cumulative probability is <= 1 - p.
+
+    The most likely token is always kept.
+    """
+    sorted_scores, sorted_ids = torch.sort(scores, dim=-1, descending=False)  # [R, V]
+    cum_probs = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [R, V]
+    sorted_remove = cum_probs <= (1 - top_p).unsqueeze(1)  # [R, V]
+    sorted_remove[:, -1] = False
+    remove = sorted_remove.scatter(1, sorted_ids, sorted_remove)  # [R, V]
+    return scores.masked_fill(remove, FILTER_VALUE)
+
+
+def apply_typical_p(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Locally typical filtering: keep the tokens whose surprisal is closest to the entropy.
+
+    Tokens are ranked by |surprisal - entropy|; the smallest set whose probability mass reaches
+    `mass` is kept (at least one token).
+    """
+    logprobs = torch.log_softmax(scores, dim=-1)  # [R, V]
+    entropy = -(logprobs * logprobs.exp()).nansum(-1, keepdim=True)  # [R, 1]
+    distance = (-logprobs - entropy).abs()  # [R, V]
+    sorted_distance, sorted_ids = torch.sort(distance, dim=-1, descending=False)  # [R, V]
+    cum_probs = scores.gather(-1, sorted_ids).softmax(dim=-1).cumsum(dim=-1)  # [R, V]
+    last = (cum_probs < mass.unsqueeze(1)).sum(dim=1).clamp(max=scores.shape[-1] - 1)  # [R]
+    cutoff = sorted_distance.gather(1, last.unsqueeze(1))  # [R, 1]
+    sorted_remove = sorted_distance > cutoff  # [R, V]
+    sorted_remove[:, 0] = False
+    remove = sorted_remove.scatter(1, sorted_ids, sorted_remove)  # [R, V]
+    return scores.masked_fill(remove, FILTER_VALUE)

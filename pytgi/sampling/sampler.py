@@ -1,0 +1,154 @@
+"""Sampler: one step's logits → one `SampledToken` per request, as TGI chooses tokens (contract §7).
+
+Order: watermark → repetition penalty → frequency penalty → temperature → top-k → top-p →
+typical-p → greedy argmax or seeded sampling. The reported logprob is log_softmax of the processed
+scores (as TGI), and top-n alternatives come from the same logprobs. Only the processors some row
+needs run; an all-greedy batch without penalties or watermark takes a fast path (argmax + one
+log_softmax).
+
+Seeded sampling is batch-invariant and survives preemption: the noise for a request's k-th generated
+token comes from a generator seeded with `mix_seed(seed, k)`, so it depends on nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pytgi.engine.outputs import SampledToken, ScheduledRequest
+from pytgi.sampling.logprobs import compute_top_n
+from pytgi.sampling.metadata import PenaltyInputs, SamplingMetadata
+from pytgi.sampling.processors import (
+    apply_frequency_penalty,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    apply_typical_p,
+    compute_token_counts,
+)
+from pytgi.sampling.watermark import Watermark
+
+MASK64 = (1 << 64) - 1
+
+
+class Sampler:
+    """Rank 0's token chooser. Stateless across steps except the watermark's green-list cache."""
+
+    def __init__(self, vocab_size: int, watermark_gamma: float = 0.5, watermark_delta: float = 2.0):
+        self.vocab_size = vocab_size
+        self.watermark = Watermark(vocab_size, watermark_gamma, watermark_delta)
+
+    def __call__(
+        self, logits: torch.Tensor, requests: list[ScheduledRequest]
+    ) -> list[SampledToken]:
+        """Choose the next token of every request.
+
+        logits: [num_requests, vocab] float32, row i belongs to requests[i] (those with
+        sample=True, batch order). Returns one SampledToken per row: token_id, logprob of the
+        chosen token, and the top `top_n_tokens` alternatives (ids + logprobs, best first; ties at
+        the n-th value all returned as TGI does). The input logits are not modified.
+        """
+        if logits.dim() != 2 or logits.shape != (len(requests), self.vocab_size):
+            raise ValueError(
+                f"logits {tuple(logits.shape)} do not match "
+                f"[{len(requests)} requests, vocab {self.vocab_size}]"
+            )
+        if not requests:
+            return []
+        logits = logits.float()  # [B, V]
+        md = SamplingMetadata.from_requests(requests, self.vocab_size, logits.device)
+        if md.all_greedy and not (md.any_penalty or md.any_watermark):
+            token_ids = logits.argmax(dim=-1)  # [B]
+            logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+        else:
+            scores = self.process(logits, md)  # [B, V]
+            logprobs = torch.log_softmax(scores, dim=-1)  # [B, V]
+            token_ids = choose_tokens(scores, logprobs, md)  # [B]
+        return build_outputs(token_ids, logprobs, md)
+
+    def process(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Apply this batch's logits processors and warpers, in TGI's order: [B, V] → [B, V]."""
+        scores = logits.clone()  # rows are rewritten in place below; the caller's logits are kept
+        if md.any_watermark:
+            rows = md.watermark_rows
+            scores[rows] = self.watermark(scores[rows], md.watermark_prev_tokens)  # [W, V]
+        if md.penalties is not None:
+            scores = apply_penalties(scores, md.penalties)
+        if md.temperature is not None:
+            scores = apply_temperature(scores, md.temperature)
+        for params, warp in (
+            (md.top_k, apply_top_k),
+            (md.top_p, apply_top_p),
+            (md.typical_p, apply_typical_p),
+        ):
+            if params is not None:
+                scores = params.apply(scores, warp)
+        return scores
+
+
+def apply_penalties(scores: torch.Tensor, penalties: PenaltyInputs) -> torch.Tensor:
+    """Repetition then frequency penalty on the rows that have one: [B, V] → [B, V]."""
+    picked = scores if penalties.rows is None else scores[penalties.rows]  # [P, V]
+    vocab_size = scores.shape[-1]
+    counts = compute_token_counts(penalties.flat_index, penalties.num_rows, vocab_size)  # [P, V]
+    if penalties.repetition_penalty is not None:
+        picked = apply_repetition_penalty(picked, counts, penalties.repetition_penalty)
+    if penalties.frequency_penalty is not None:
+        picked = apply_frequency_penalty(
+            picked, counts, penalties.frequency_penalty, penalties.seq_lens
+        )
+    if penalties.rows is None:
+        return picked
+    scores[penalties.rows] = picked
+    return scores
+
+
+def choose_tokens(
+    scores: torch.Tensor, logprobs: torch.Tensor, md: SamplingMetadata
+) -> torch.Tensor:
+    """Greedy argmax, or for sampling rows the exponential race `argmax(p / Exp(1))`: [B] int64."""
+    if not md.sample_rows:
+        return scores.argmax(dim=-1)  # [B]
+    all_sample = len(md.sample_rows) == md.num_rows
+    probs = logprobs.exp() if all_sample else logprobs[md.sample_rows].exp()  # [S, V]
+    noise = exponential_noise(md.sample_seeds, md.sample_steps, probs.shape[-1], probs.device)
+    sampled = (probs / noise).argmax(dim=-1)  # [S]
+    if all_sample:
+        return sampled
+    token_ids = scores.argmax(dim=-1)  # [B]
+    token_ids[md.sample_rows] = sampled
+    return token_ids
+
+
+def exponential_noise(
+    seeds: list[int], steps: list[int], vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """Exp(1) noise [S, V]; row i depends only on (seeds[i], steps[i]) (and the device type)."""
+    noise = torch.empty(len(seeds), vocab_size, dtype=torch.float32, device=device)  # [S, V]
+    for row, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
+        generator = torch.Generator(device=device)
+        generator.manual_seed(mix_seed(seed, step))
+        noise[row].exponential_(generator=generator)
+    # an exact 0 would turn a filtered token's 0 / 0 into NaN, which argmax would pick
+    return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def mix_seed(seed: int, step: int) -> int:
+    """A well-spread 64-bit generator seed from (seed, generated-token index): splitmix64."""
+    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def build_outputs(
+    token_ids: torch.Tensor, logprobs: torch.Tensor, md: SamplingMetadata
+) -> list[SampledToken]:
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)  # [B]
+    top_ids, top_logprobs = compute_top_n(logprobs, md.top_n)
+    return [
+        SampledToken(token_id=t, logprob=lp, top_ids=ids, top_logprobs=lps)
+        for t, lp, ids, lps in zip(
+            token_ids.tolist(), chosen.tolist(), top_ids, top_logprobs, strict=True
+        )
+    ]

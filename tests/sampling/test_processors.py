@@ -1,0 +1,168 @@
+"""Each batched processor against transformers' logits processors, row by row, with mixed params."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from pytgi.sampling.metadata import SamplingMetadata
+from pytgi.sampling.processors import (
+    apply_frequency_penalty,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    apply_typical_p,
+    compute_token_counts,
+)
+from pytgi.sampling.sampler import Sampler
+
+from .conftest import build_request
+
+VOCAB = 257
+
+
+def random_scores(num_rows: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(num_rows, vocab, generator=generator) * 3  # [B, V]
+
+
+def hf_rows(processors, scores: torch.Tensor, histories=None) -> torch.Tensor:
+    """Apply processors[i] (a transformers processor or None) to row i alone."""
+    rows = []
+    for i, proc in enumerate(processors):
+        row = scores[i : i + 1].clone()  # [1, V]
+        ids = torch.tensor([histories[i] if histories else [0]])  # [1, L]
+        rows.append(row if proc is None else proc(ids, row))
+    return torch.cat(rows)  # [B, V]
+
+
+def counts_of(histories: list[list[int]], vocab: int = VOCAB) -> torch.Tensor:
+    flat = torch.tensor([i * vocab + t for i, h in enumerate(histories) for t in h])
+    return compute_token_counts(flat, len(histories), vocab)
+
+
+def test_token_counts():
+    counts = counts_of([[5, 5, 7], [7]])
+    assert counts[0, 5] == 2 and counts[0, 7] == 1 and counts[1, 7] == 1
+    assert counts.sum() == 4
+
+
+def test_repetition_penalty_matches_transformers():
+    histories = [[3, 3, 9, 100], [4, 250], [1, 2, 3, 4, 5, 6], [7]]
+    penalties = [1.3, 0.7, 2.0, 1.0]
+    scores = random_scores(4)
+    ours = apply_repetition_penalty(scores, counts_of(histories), torch.tensor(penalties))
+    hf = [RepetitionPenaltyLogitsProcessor(penalty=p) for p in penalties]
+    torch.testing.assert_close(ours, hf_rows(hf, scores, histories), rtol=0, atol=0)
+
+
+def test_repetition_penalty_leaves_unseen_id_zero_alone():
+    scores = random_scores(2)
+    out = apply_repetition_penalty(scores, counts_of([[5], [5, 6, 7]]), torch.tensor([2.0, 2.0]))
+    assert torch.equal(out[:, 0], scores[:, 0])  # TGI's padding bug would hit id 0 here
+
+
+def test_frequency_penalty_by_hand():
+    histories = [[5, 5, 5, 8], [9, 9]]
+    scores = random_scores(2)
+    out = apply_frequency_penalty(
+        scores, counts_of(histories), torch.tensor([0.5, 2.0]), torch.tensor([4.0, 2.0])
+    )
+    expected = scores.clone()
+    expected[0, 5] -= 0.5 * 3 / 4
+    expected[0, 8] -= 0.5 * 1 / 4
+    expected[1, 9] -= 2.0 * 2 / 2
+    torch.testing.assert_close(out, expected)
+
+
+def test_temperature_matches_transformers():
+    temps = [0.3, 1.0, 1.7, 0.05]
+    scores = random_scores(4)
+    ours = apply_temperature(scores, torch.tensor(temps))
+    hf = [TemperatureLogitsWarper(t) for t in temps]
+    torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
+
+
+def test_top_k_matches_transformers_with_ties():
+    top_k = [1, 3, 10, VOCAB + 5, 4]
+    scores = random_scores(5)
+    scores[4, :6] = 9.0  # six-way tie at the top: top-4 keeps all six
+    ours = apply_top_k(scores, torch.tensor(top_k))
+    hf = [TopKLogitsWarper(k) for k in top_k]
+    torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
+    assert torch.isfinite(ours[4]).sum() == 6
+    assert torch.isfinite(ours[0]).sum() == 1
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.2])
+def test_top_p_matches_transformers(temperature):
+    top_p = [0.1, 0.5, 0.9, 0.99, 0.999]
+    scores = random_scores(5, seed=1) / temperature
+    ours = apply_top_p(scores, torch.tensor(top_p))
+    hf = [TopPLogitsWarper(p) for p in top_p]
+    torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
+    assert (torch.isfinite(ours).sum(-1) >= 1).all()
+
+
+def test_typical_p_matches_transformers():
+    mass = [0.05, 0.2, 0.5, 0.95]
+    scores = random_scores(4, seed=2)
+    scores[3, 10:] = -float("inf")  # an earlier filter's -inf must not break the entropy
+    ours = apply_typical_p(scores, torch.tensor(mass))
+    hf = [TypicalLogitsWarper(m) for m in mass]
+    torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
+
+
+MIXED = [
+    dict(),  # greedy, nothing to do
+    dict(do_sample=True, seed=1, temperature=0.7, top_k=20, top_p=0.9),
+    dict(repetition_penalty=1.5),
+    dict(do_sample=True, seed=2, typical_p=0.5, repetition_penalty=0.8),
+    dict(do_sample=True, seed=3, top_p=0.6, temperature=1.3),
+    dict(do_sample=True, seed=4, top_k=5),
+    dict(frequency_penalty=0.9, repetition_penalty=1.2, top_k=7, seed=5),
+]
+
+
+def hf_chain(params: dict, history: list[int], row: torch.Tensor) -> torch.Tensor:
+    """transformers' processors in TGI's order, plus the frequency penalty by hand."""
+    ids = torch.tensor([history])  # [1, L]
+    if params.get("repetition_penalty", 1.0) != 1.0:
+        row = RepetitionPenaltyLogitsProcessor(params["repetition_penalty"])(ids, row)
+    if params.get("frequency_penalty", 0.0) != 0.0:
+        counts = torch.bincount(ids[0], minlength=row.shape[-1]).float()  # [V]
+        row = row - params["frequency_penalty"] * counts / len(history)
+    warpers = [
+        ("temperature", TemperatureLogitsWarper, 1.0),
+        ("top_k", TopKLogitsWarper, 0),
+        ("top_p", TopPLogitsWarper, 1.0),
+        ("typical_p", TypicalLogitsWarper, 1.0),
+    ]
+    for name, cls, neutral in warpers:
+        if params.get(name, neutral) != neutral:
+            row = cls(params[name])(ids, row)
+    return row
+
+
+def test_sampler_process_matches_transformers_chain():
+    histories = [[i % VOCAB, (3 * i) % VOCAB, 11, 11] for i in range(len(MIXED))]
+    requests = [
+        build_request(prompt_ids=h[:2], output_ids=h[2:], **p)
+        for h, p in zip(histories, MIXED, strict=True)
+    ]
+    scores = random_scores(len(MIXED), seed=3)
+    md = SamplingMetadata.from_requests(requests, VOCAB, "cpu")
+    ours = Sampler(VOCAB).process(scores, md)
+    expected = torch.cat(
+        [hf_chain(p, h, scores[i : i + 1]) for i, (p, h) in enumerate(zip(MIXED, histories))]
+    )
+    torch.testing.assert_close(ours, expected)
+    assert torch.equal(ours[0], scores[0])
