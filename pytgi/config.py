@@ -21,7 +21,9 @@ class ModelConfig:
     dtype: str | None = None  # None = per-device default (fp32 on CPU)
     quantize: str | None = None
     trust_remote_code: bool = False
-    allow_pickle_weights: bool = False  # .bin checkpoints only with this opt-in (converted, weights_only)
+    allow_pickle_weights: bool = (
+        False  # .bin checkpoints only with this opt-in (converted, weights_only)
+    )
     hub_cache_dir: str | None = None
     hf_token: str | None = None
     hub_offline: bool = False
@@ -39,7 +41,9 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None: derived from free memory at warm-up
     memory_fraction: float = 0.9  # of the memory left after loading weights and a warm-up step
-    max_kv_cache_bytes: int | None = None  # hard cap on KV memory (CPU: RAM is shared with everything)
+    max_kv_cache_bytes: int | None = (
+        None  # hard cap on KV memory (CPU: RAM is shared with everything)
+    )
     enable_prefix_caching: bool = True
 
     def __post_init__(self):

@@ -27,7 +27,9 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     EOS_TOKEN = "eos_token"
     STOP_SEQUENCE = "stop_sequence"
-    ABORTED = "aborted"  # client gone or stop string matched by the router; never reported to a client
+    ABORTED = (
+        "aborted"  # client gone or stop string matched by the router; never reported to a client
+    )
 
 
 @dataclass
@@ -54,11 +56,15 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
-    num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache at the last admission
+    num_cached_prompt_tokens: int = (
+        0  # prompt tokens served by the prefix cache at the last admission
+    )
     num_preemptions: int = 0
     first_scheduled_time_s: float | None = None
-    # prefill logprobs are collected once; a recompute after preemption does not report them again
-    prefill_logprobs_done: bool = False
+    # prompt logprobs (decoder_input_details), gathered over prefill chunks; a recompute after a
+    # preemption does not gather them again
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     @classmethod
     def from_engine_request(cls, req: EngineRequest) -> Request:

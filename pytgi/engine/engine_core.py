@@ -1,0 +1,97 @@
+"""EngineCore: the step loop. `step()` = schedule → execute → update; keep it that short.
+
+Single-threaded by design: requests and aborts arrive between steps (the clients queue them), so the
+scheduler's state never changes while a step runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pytgi.config import CacheInfo, EngineConfig
+from pytgi.engine.client import EngineStats
+from pytgi.engine.kv_cache_manager import KVCacheManager
+from pytgi.engine.outputs import ModelOutput, RequestOutput, SchedulerOutput
+from pytgi.engine.request import EngineRequest, Request
+from pytgi.engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class Executor:
+    """What the engine needs from the worker side (see pytgi.worker.executor)."""
+
+    def initialize(self) -> CacheInfo: ...
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput: ...
+
+    def shutdown(self) -> None: ...
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, executor: Executor, cache_info: CacheInfo):
+        self.config = config
+        self.executor = executor
+        self.cache_info = cache_info
+        kv = KVCacheManager(
+            cache_info.num_blocks, cache_info.block_size, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config.scheduler, kv)
+        self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineCore:
+        from pytgi.worker.executor import create_executor
+
+        executor = create_executor(config)
+        cache_info = executor.initialize()
+        return cls(config, executor, cache_info)
+
+    def add_request(self, request: EngineRequest) -> None:
+        self.scheduler.add_request(Request.from_engine_request(request))
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        start = time.perf_counter()
+        try:
+            model_output = self.executor.execute(scheduler_output)
+        except Exception as exc:  # a failed forward fails its batch, not the engine
+            logger.exception("step failed")
+            return self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")
+        self._record(scheduler_output, time.perf_counter() - start)
+        return self.scheduler.update(scheduler_output, model_output)
+
+    def _record(self, output: SchedulerOutput, elapsed_s: float) -> None:
+        stats = self._stats
+        stats.num_steps += 1
+        stats.forward_time_s += elapsed_s
+        stats.num_batch_tokens = output.num_tokens
+        for scheduled in output.requests:
+            if scheduled.num_tokens == 1 and scheduled.start_pos >= len(scheduled.prompt_ids):
+                stats.num_decode_tokens += 1
+            else:
+                stats.num_prefill_tokens += scheduled.num_tokens
+
+    def stats(self) -> EngineStats:
+        scheduler, kv = self.scheduler, self.scheduler.kv
+        stats = self._stats
+        stats.num_running = len(scheduler.running)
+        stats.num_waiting = len(scheduler.waiting)
+        stats.num_free_kv_blocks = kv.num_free_blocks
+        stats.prefix_cache_queried_tokens = kv.num_queried_tokens
+        stats.prefix_cache_hit_tokens = kv.num_hit_tokens
+        stats.num_preemptions = scheduler.num_preemptions
+        stats.num_aborts = scheduler.num_aborts
+        return EngineStats(**vars(stats))
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,109 @@
+"""KVCacheManager: each request's block table, prefix-cache lookups, allocation of slots for new tokens.
+
+Invariant: a request owning `len(blocks)` blocks can hold `len(blocks) * block_size` tokens; the first
+`num_computed_tokens` of its tokens are in those blocks. Full blocks of computed tokens are published to the
+prefix cache (prompt and generated tokens alike, so a multi-turn conversation hits its own history).
+"""
+
+from __future__ import annotations
+
+from pytgi.engine.block_pool import Block, BlockHash, BlockPool, hash_block
+from pytgi.engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.enable_prefix_caching = enable_prefix_caching
+        self._blocks: dict[str, list[Block]] = {}
+        self._hashes: dict[
+            str, list[BlockHash]
+        ] = {}  # hashes of the request's full blocks, in order
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._blocks.get(request_id, ())]
+
+    def find_cached_prefix(self, request: Request) -> list[Block]:
+        """Longest run of cached full blocks matching the request's tokens, leaving >= 1 token to compute."""
+        if not self.enable_prefix_caching or request.sampling.prefill_logprobs:
+            return []  # prefill logprobs need every prompt position computed (TGI bypasses the cache too)
+        hashes = self._full_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[Block] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        self.num_queried_tokens += request.num_prompt_tokens
+        self.num_hit_tokens += len(hit) * self.block_size
+        return hit
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached: list[Block] | None = None
+    ) -> bool:
+        """Make room for `num_new_tokens` more tokens after the computed ones; False if blocks ran out.
+
+        `cached` are prefix-hit blocks for a request being admitted (its num_computed_tokens is then
+        advanced by the caller). On failure nothing changes.
+        """
+        cached = cached or []
+        blocks = self._blocks.setdefault(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(cached) * self.block_size
+        num_needed = (
+            cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(cached)
+        )
+        # cached blocks sitting in the free list are revived, so they are not available as new blocks
+        num_revived = sum(1 for b in cached if b.ref_cnt == 0)
+        if num_needed > self.pool.num_free_blocks - num_revived:
+            if not blocks:
+                del self._blocks[request.request_id]
+            return False
+        self.pool.touch(cached)
+        blocks.extend(cached)
+        if num_needed > 0:
+            blocks.extend(self.pool.allocate(num_needed))
+        return True
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Publish the request's full, computed blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        blocks = self._blocks.get(request.request_id, [])
+        num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        hashes = self._full_block_hashes(request)
+        for block, block_hash in zip(blocks[:num_full], hashes[:num_full]):
+            self.pool.cache_block(block, block_hash)
+
+    def free(self, request: Request) -> None:
+        blocks = self._blocks.pop(request.request_id, [])
+        self.pool.free(reversed(blocks))
+        self._hashes.pop(request.request_id, None)
+
+    def _full_block_hashes(self, request: Request) -> list[BlockHash]:
+        """Hashes of every full block of the request's known tokens, extended incrementally."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        num_full = request.num_tokens // self.block_size
+        if num_full == len(hashes):
+            return hashes
+        tokens = request.all_token_ids
+        bs = self.block_size
+        for i in range(len(hashes), num_full):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, tuple(tokens[i * bs : (i + 1) * bs])))
+        return hashes
