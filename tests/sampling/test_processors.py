@@ -161,8 +161,7 @@ def test_sampler_process_matches_transformers_chain():
     scores = random_scores(len(MIXED), seed=3)
     md = SamplingMetadata.from_requests(requests, VOCAB, "cpu")
     ours = Sampler(VOCAB).process(scores, md)
-    expected = torch.cat(
-        [hf_chain(p, h, scores[i : i + 1]) for i, (p, h) in enumerate(zip(MIXED, histories))]
-    )
+    rows = [scores[i : i + 1] for i in range(len(MIXED))]
+    expected = torch.cat([hf_chain(*args) for args in zip(MIXED, histories, rows, strict=True)])
     torch.testing.assert_close(ours, expected)
     assert torch.equal(ours[0], scores[0])

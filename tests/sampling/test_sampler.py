@@ -1,0 +1,146 @@
+"""Sampler: greedy fast path, logprobs of processed scores, seeded sampling invariants."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytgi.sampling.metadata import SamplingMetadata
+from pytgi.sampling.sampler import Sampler, exponential_noise, mix_seed
+
+from .conftest import build_request
+
+VOCAB = 300
+
+
+def random_logits(num_rows: int, seed: int = 0, vocab: int = VOCAB) -> torch.Tensor:
+    return torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def test_greedy_fast_path_is_argmax_with_raw_logprobs():
+    logits = random_logits(5)
+    before = logits.clone()
+    out = Sampler(VOCAB)(logits, [build_request() for _ in range(5)])
+    assert [t.token_id for t in out] == logits.argmax(-1).tolist()
+    expected = torch.log_softmax(logits, -1).max(-1).values
+    torch.testing.assert_close(torch.tensor([t.logprob for t in out]), expected)
+    assert all(t.top_ids == [] for t in out)
+    assert torch.equal(logits, before)
+
+
+def test_chosen_logprob_is_log_softmax_of_processed_scores():
+    params = [
+        dict(do_sample=True, seed=3, temperature=0.5, top_k=10),
+        dict(repetition_penalty=2.0),
+        dict(do_sample=True, seed=4, top_p=0.8, top_n_tokens=2),
+        dict(),
+    ]
+    requests = [build_request(prompt_ids=[5, 6], **p) for p in params]
+    logits = random_logits(4, seed=1)
+    sampler = Sampler(VOCAB)
+    out = sampler(logits, requests)
+    scores = sampler.process(logits, SamplingMetadata.from_requests(requests, VOCAB, "cpu"))
+    logprobs = torch.log_softmax(scores, -1)  # [B, V]
+    for row, token in enumerate(out):
+        assert token.logprob == pytest.approx(logprobs[row, token.token_id].item(), abs=1e-6)
+        assert torch.isfinite(scores[row, token.token_id])
+    assert out[1].token_id == scores[1].argmax().item()
+    assert out[3].token_id == logits[3].argmax().item()
+    assert out[2].top_ids == logprobs[2].topk(2).indices.tolist()
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent():
+    logits = random_logits(1, seed=2).expand(16, VOCAB)  # [16, V]: same distribution each row
+    requests = [build_request(do_sample=True, seed=s, temperature=3.0) for s in range(16)]
+    first = [t.token_id for t in Sampler(VOCAB)(logits, requests)]
+    second = [t.token_id for t in Sampler(VOCAB)(logits, requests)]
+    assert first == second
+    assert len(set(first)) > 4  # flat distribution: different seeds pick different tokens
+
+
+def other_requests() -> list:
+    return [
+        build_request(),
+        build_request(do_sample=True, seed=11, top_k=3),
+        build_request(repetition_penalty=1.4, frequency_penalty=0.3),
+        build_request(do_sample=True, seed=12, typical_p=0.4, top_n_tokens=3),
+        build_request(watermark=True, seed=13, do_sample=True),
+        build_request(do_sample=True, seed=14, temperature=0.2, top_p=0.3),
+        build_request(top_n_tokens=5),
+        build_request(do_sample=True, seed=15),
+    ]
+
+
+@pytest.mark.parametrize("position", [0, 4, 8])
+def test_seeded_sampling_is_batch_invariant(position):
+    target = build_request(
+        prompt_ids=[1, 9], output_ids=[4, 4], do_sample=True, seed=1234, temperature=1.5,
+        top_p=0.95, repetition_penalty=1.1, top_n_tokens=2,
+    )  # fmt: skip
+    alone_logits = random_logits(1, seed=5)
+    alone = Sampler(VOCAB)(alone_logits, [target])[0]
+    others = other_requests()
+    batch = others[:position] + [target] + others[position:]
+    logits = random_logits(9, seed=6)
+    logits[position] = alone_logits[0]
+    mixed = Sampler(VOCAB)(logits, batch)[position]
+    assert mixed == alone
+
+
+def test_draw_depends_only_on_seed_and_step():
+    logits = random_logits(1, seed=7)
+    sampler = Sampler(VOCAB)
+    a = sampler(logits, [build_request(prompt_ids=[1, 2], output_ids=[8], do_sample=True, seed=5)])
+    # another prompt, the same number of generated tokens (and the same logits): the same draw
+    b = sampler(logits, [build_request(prompt_ids=[3], output_ids=[6], do_sample=True, seed=5)])
+    assert a == b
+    noise = exponential_noise([5, 5, 6], [0, 1, 0], VOCAB, torch.device("cpu"))  # [3, V]
+    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
+    assert torch.equal(noise[0], exponential_noise([5], [0], VOCAB, torch.device("cpu"))[0])
+    assert mix_seed(5, 0) != mix_seed(5, 1) != mix_seed(6, 0)
+
+
+def test_missing_seed_samples_as_seed_zero():
+    logits = random_logits(1, seed=8)
+    no_seed = Sampler(VOCAB)(logits, [build_request(do_sample=True, seed=None)])
+    zero = Sampler(VOCAB)(logits, [build_request(do_sample=True, seed=0)])
+    assert no_seed == zero
+
+
+def test_top_k_one_sampling_equals_greedy():
+    logits = random_logits(6, seed=9)
+    requests = [build_request(do_sample=True, seed=s, top_k=1) for s in range(6)]
+    out = Sampler(VOCAB)(logits, requests)
+    assert [t.token_id for t in out] == logits.argmax(-1).tolist()
+    assert all(t.logprob == 0.0 for t in out)
+
+
+@pytest.mark.parametrize("seed", [0, 77])
+def test_two_token_frequencies_follow_probabilities(seed):
+    num_draws = 4000
+    logits = torch.log(torch.tensor([[0.3, 0.7]])).expand(num_draws, 2)  # [N, 2]
+    requests = [
+        build_request(prompt_ids=[0], output_ids=[1] * k, do_sample=True, seed=seed)
+        for k in range(num_draws)
+    ]
+    out = Sampler(2)(logits, requests)
+    frequency = sum(t.token_id for t in out) / num_draws
+    assert abs(frequency - 0.7) < 0.03  # ~4 standard deviations
+    logprob_of = {t.token_id: t.logprob for t in out}
+    assert logprob_of[1] == pytest.approx(torch.log(torch.tensor(0.7)).item(), abs=1e-6)
+
+
+def test_filtered_tokens_are_never_sampled():
+    logits = random_logits(1, seed=10).expand(200, VOCAB)  # [200, V]
+    requests = [build_request(do_sample=True, seed=s, top_k=3) for s in range(200)]
+    allowed = set(logits[0].topk(3).indices.tolist())
+    chosen = {t.token_id for t in Sampler(VOCAB)(logits, requests)}
+    assert chosen <= allowed and len(chosen) == 3
+
+
+def test_shape_mismatch_is_rejected():
+    with pytest.raises(ValueError, match="vocab"):
+        Sampler(VOCAB)(random_logits(2, vocab=VOCAB + 1), [build_request(), build_request()])
+    with pytest.raises(ValueError):
+        Sampler(VOCAB)(random_logits(3), [build_request()])
+    assert Sampler(VOCAB)(torch.empty(0, VOCAB), []) == []
