@@ -21,6 +21,13 @@ from pytgi.errors import ModelLoadError
 
 # tokenizer_config.json uses ~1e30 for "no limit"
 _UNBOUNDED_MAX_LENGTH = 10**12
+_SLOW_TOKENIZER_FILES = (
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "tekken.json",
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ def _load_backend(model_dir: Path) -> HFTokenizer:
     path = model_dir / "tokenizer.json"
     if path.is_file():
         return HFTokenizer.from_file(str(path))
+    if not any((model_dir / name).is_file() for name in _SLOW_TOKENIZER_FILES):
+        raise ModelLoadError(f"No tokenizer found in {model_dir} (no tokenizer.json)")
     return _convert_slow_tokenizer(model_dir)
 
 
