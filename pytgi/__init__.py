@@ -1,3 +1,18 @@
 """pytgi: a text-generation-inference compatible LLM server in Python."""
 
-__version__ = "0.1.0"
+from pytgi.version import __version__
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # lazy, so `import pytgi` stays cheap for the API process and the CLI
+    if name == "LLM":
+        from pytgi.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from pytgi.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(name)

@@ -1,0 +1,4 @@
+from pytgi.cli.main import main
+import sys
+
+sys.exit(main())

@@ -1,0 +1,179 @@
+"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts (contract §1.1-1.2)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from pytgi import envs
+from pytgi.config import (
+    CacheConfig,
+    CacheInfo,
+    EngineConfig,
+    LimitsConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    ServerConfig,
+)
+from pytgi.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    model_id = args.model_id
+    if model_id is None:
+        from pytgi.demo_model import demo_model_path
+
+        model_id = demo_model_path()
+    return ModelConfig(
+        model_id=model_id,
+        revision=args.revision,
+        dtype=args.dtype,
+        quantize=getattr(args, "quantize", None),
+        trust_remote_code=args.trust_remote_code,
+        allow_pickle_weights=args.allow_pickle_weights,
+        hub_cache_dir=args.huggingface_hub_cache or envs.hub_cache_dir(),
+        hf_token=envs.hf_token(),
+        hub_offline=envs.hub_offline(),
+        tokenizer_config_path=args.tokenizer_config_path,
+    )
+
+
+def num_shard(args: argparse.Namespace) -> int:
+    """TGI's (sharded, num_shard) resolution; on CPU the visible device count is 1."""
+    sharded, n = args.sharded, args.num_shard
+    if sharded is True and n is None:
+        raise ConfigError("`sharded` is true but only found 1 devices")
+    if sharded is True and n <= 1:
+        raise ConfigError("`sharded` is true but `num_shard` <= 1")
+    if sharded is False and n is not None and n > 1:
+        raise ConfigError("`sharded` is false but `num_shard` > 1")
+    n = n if n is not None else 1
+    if n < 1:
+        raise ConfigError("`num_shard` cannot be < 1")
+    return n
+
+
+def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
+    check_limits(args)
+    if args.quantize:
+        raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
+    if args.speculate:
+        raise ConfigError("--speculate is not supported yet by pytgi")
+    if args.cuda_graphs:
+        logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
+    return EngineConfig(
+        model=model,
+        cache=CacheConfig(
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            memory_fraction=args.kv_cache_memory_fraction,
+            max_kv_cache_bytes=args.max_kv_cache_bytes,
+            enable_prefix_caching=not args.disable_prefix_caching,
+        ),
+        scheduler=SchedulerConfig(
+            max_batch_prefill_tokens=args.max_batch_prefill_tokens or 4096,
+            max_batch_total_tokens=args.max_batch_total_tokens,
+            max_batch_size=args.max_batch_size,
+            enable_chunked_prefill=not args.disable_prefill_chunking,
+        ),
+        parallel=ParallelConfig(
+            num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
+        ),
+        num_threads=args.num_threads,
+        cuda_graphs=tuple(args.cuda_graphs or ()),
+    )
+
+
+def check_limits(args: argparse.Namespace) -> None:
+    """TGI's argument checks that need no model (texts as in TGI's launcher)."""
+    if args.max_input_tokens is not None and args.max_input_length is not None:
+        raise ConfigError(
+            f"Both `max_input_tokens` ({args.max_input_tokens}) and `max_input_length` "
+            f"({args.max_input_length}) are set. Please define only `max_input_tokens` as "
+            "`max_input_length is deprecated for naming consistency."
+        )
+    max_input = input_tokens(args)
+    if max_input is not None and args.max_total_tokens is not None:
+        if max_input >= args.max_total_tokens:
+            raise ConfigError(
+                f"`max_input_tokens`({max_input}) must be < `max_total_tokens`({args.max_total_tokens})"
+            )
+    if args.max_total_tokens is not None and args.max_batch_total_tokens is not None:
+        if args.max_total_tokens > args.max_batch_total_tokens:
+            raise ConfigError(
+                "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: "
+                f"{args.max_total_tokens} and {args.max_batch_total_tokens}"
+            )
+    if args.validation_workers == 0:
+        raise ConfigError("`validation_workers` must be > 0")
+    if args.max_batch_size == 0:
+        raise ConfigError("`max_batch_size` must be > 0")
+
+
+def input_tokens(args: argparse.Namespace) -> int | None:
+    return args.max_input_tokens if args.max_input_tokens is not None else args.max_input_length
+
+
+def limits_config(
+    args: argparse.Namespace, cache: CacheInfo, model_max_length: int | None
+) -> LimitsConfig:
+    """Request limits once warm-up has sized the KV cache (TGI: the shard decides what was unset)."""
+    max_total = args.max_total_tokens
+    if max_total is None:
+        max_total = min(
+            v for v in (cache.max_total_tokens, model_max_length) if v is not None
+        )
+    elif max_total > cache.max_batch_total_tokens:
+        raise ConfigError(f"Not enough memory to handle `max_total_tokens={max_total}`")
+    max_input = input_tokens(args)
+    if max_input is None:
+        max_input = max_total - 1
+        logger.info("Maximum input tokens defaulted to %d", max_input)
+    if max_input >= max_total:
+        raise ConfigError("`max_input_tokens` must be < `max_total_tokens`")
+    return LimitsConfig(
+        max_concurrent_requests=args.max_concurrent_requests,
+        max_best_of=args.max_best_of,
+        max_stop_sequences=args.max_stop_sequences,
+        max_top_n_tokens=args.max_top_n_tokens,
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+        max_client_batch_size=args.max_client_batch_size,
+        payload_limit=args.payload_limit,
+    )
+
+
+def server_config(
+    args: argparse.Namespace, limits: LimitsConfig, model_id: str, model_sha: str | None
+) -> ServerConfig:
+    return ServerConfig(
+        hostname=_hostname(args.hostname),
+        port=args.port,
+        api_key=args.api_key,
+        cors_allow_origin=tuple(args.cors_allow_origin or ()),
+        json_output=args.json_output,
+        graceful_termination_timeout_s=args.graceful_termination_timeout,
+        enable_prefill_logprobs=args.enable_prefill_logprobs,
+        disable_grammar_support=args.disable_grammar_support,
+        limits=limits,
+        model_id=model_id,
+        model_sha=model_sha,
+        prometheus_port=args.prometheus_port,
+    )
+
+
+def _hostname(value: str) -> str:
+    """TGI: an unparsable HOSTNAME (Docker sets it to the container id) falls back to 0.0.0.0."""
+    import ipaddress
+
+    if value == "localhost":
+        return value
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        logger.warning("Invalid hostname %s, defaulting to 0.0.0.0", value)
+        return "0.0.0.0"
+    return value

@@ -1,0 +1,150 @@
+"""Every launcher flag, declared once as data: TGI's spelling, help text, env twin (upper-snake of the name).
+
+`add_flags(parser, FLAGS)` turns them into argparse options whose default is the env value when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pytgi import envs
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    help: str
+    type: Callable = str
+    default: object = None
+    switch: bool = False  # a boolean flag without a value (env: true/false)
+    repeat: bool = False  # may be given several times (a list)
+    short: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def env(self) -> str:
+        return self.name.lstrip("-").replace("-", "_").upper()
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+
+
+def _size_list(value: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in value.split(",") if v.strip())
+
+
+QUANTIZE = (
+    "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
+    "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
+)  # fmt: skip
+
+MODEL_FLAGS = [
+    Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
+    Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
+    Flag("--dtype", "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
+         choices=("float32", "float16", "bfloat16")),  # fmt: skip
+    Flag("--trust-remote-code", "Allow custom model code from the hub (off by default)", switch=True),
+    Flag("--allow-pickle-weights",
+         "Accept pickle .bin checkpoints (loaded with weights_only=True, converted to safetensors)",
+         switch=True),  # fmt: skip
+    Flag("--huggingface-hub-cache", "Hub cache directory"),
+    Flag("--tokenizer-config-path", "Alternate tokenizer_config.json (chat template source)"),
+]
+
+ENGINE_FLAGS = [
+    Flag("--max-batch-prefill-tokens", "Token budget of one step (prompt chunks + decodes)", int),
+    Flag("--max-batch-total-tokens", "KV cache capacity in tokens (default: from free memory)", int),
+    Flag("--max-batch-size", "Maximum number of running requests", int),
+    Flag("--num-blocks", "KV blocks to allocate (overrides memory profiling)", int),
+    Flag("--block-size", "Tokens per KV block", int, 16),
+    Flag("--kv-cache-memory-fraction", "Fraction of free memory for the KV cache", float, 0.9),
+    Flag("--max-kv-cache-bytes", "Hard cap on KV cache memory in bytes", int),
+    Flag("--disable-prefix-caching", "Turn off automatic prefix caching", switch=True),
+    Flag("--disable-prefill-chunking", "Prefill each prompt in one step", switch=True),
+    Flag("--num-threads", "torch intra-op threads (default: torch's choice)", int),
+    Flag("--num-shard", "Number of tensor-parallel shards", int),
+    Flag("--sharded", "Shard the model (true/false)", _bool),
+    Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
+    Flag("--master-port", "torch.distributed master port", int, 29500),
+    Flag("--quantize", "Weight quantization", choices=QUANTIZE),
+    Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
+    Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
+    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
+    Flag("--speculate", "Speculative tokens per step (not supported yet)", int),
+    Flag("--disable-custom-kernels", "Do not use custom kernels", switch=True),
+    Flag("--rope-scaling", "Override rope scaling type", choices=("linear", "dynamic")),
+    Flag("--rope-factor", "Override rope scaling factor", float),
+]
+
+LIMIT_FLAGS = [
+    Flag("--max-concurrent-requests", "Concurrent requests before 429", int, 128),
+    Flag("--max-best-of", "Maximum best_of", int, 2),
+    Flag("--max-stop-sequences", "Maximum stop sequences", int, 4),
+    Flag("--max-top-n-tokens", "Maximum top_n_tokens", int, 5),
+    Flag("--max-input-tokens", "Maximum prompt tokens (default: max_total_tokens - 1)", int),
+    Flag("--max-input-length", "Legacy alias of --max-input-tokens", int),
+    Flag("--max-total-tokens", "Maximum prompt + new tokens per request", int),
+    Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
+    Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
+    Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
+    Flag("--waiting-served-ratio", "Accepted for compatibility (ignored with chunked prefill)",
+         float, 0.3),  # fmt: skip
+    Flag("--max-waiting-tokens", "Accepted for compatibility (ignored with chunked prefill)",
+         int, 20),  # fmt: skip
+]
+
+SERVER_FLAGS = [
+    Flag("--hostname", "Bind address", default="0.0.0.0"),
+    Flag("--port", "HTTP port", int, 3000, short="-p"),
+    Flag("--prometheus-port", "Extra port serving /metrics", int),
+    Flag("--api-key", "Bearer key required on the generation routes"),
+    Flag("--cors-allow-origin", "Allowed CORS origin (repeatable)", repeat=True),
+    Flag("--json-output", "JSON log lines", switch=True),
+    Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
+    Flag("--enable-prefill-logprobs", "Return prompt logprobs with decoder_input_details",
+         switch=True),  # fmt: skip
+    Flag("--disable-grammar-support", "Reject grammar / response_format", switch=True),
+    Flag("--watermark-gamma", "Watermark green-list fraction", float, 0.5),
+    Flag("--watermark-delta", "Watermark logit bias", float, 2.0),
+    Flag("--otlp-endpoint", "OpenTelemetry collector (accepted, not used)"),
+    Flag("--otlp-service-name", "OpenTelemetry service name", default="text-generation-inference.router"),
+    Flag("--lora-adapters", "LoRA adapters (not supported yet)"),
+    Flag("--usage-stats", "Telemetry (pytgi sends none)", default="off"),
+    Flag("--shard-uds-path", "Accepted for compatibility", default="/tmp/text-generation-server"),
+    Flag("--weights-cache-override", "Alternate weights location"),
+]
+
+SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: list[Flag]) -> None:
+    for flag in flags:
+        names = [flag.short, flag.name] if flag.short else [flag.name]
+        env_value = envs.get(flag.env)
+        help_text = f"{flag.help} [env: {flag.env}]"
+        if flag.switch:
+            default = _bool(env_value) if env_value is not None else False
+            parser.add_argument(*names, action="store_true", default=default, help=help_text)
+            continue
+        default = flag.default
+        if env_value is not None:
+            default = [env_value] if flag.repeat else flag.type(env_value)
+        parser.add_argument(
+            *names,
+            type=flag.type,
+            default=default,
+            choices=flag.choices,
+            action="append" if flag.repeat else "store",
+            help=help_text,
+        )

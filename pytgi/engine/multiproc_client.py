@@ -1,0 +1,174 @@
+"""MultiprocEngineClient: the EngineCore runs in its own process, so the HTTP event loop never waits for
+a forward pass. Commands go down one queue, per-step deltas (with a stats snapshot) come back on another;
+a reader thread routes them to the per-request streams. The engine process exits when its parent dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from pytgi.config import CacheInfo, EngineConfig
+from pytgi.engine.client import EngineStats
+from pytgi.engine.outputs import RequestOutput
+from pytgi.engine.request import EngineRequest
+from pytgi.engine.stream import OutputRouter
+from pytgi.errors import EngineDeadError, ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+
+class MultiprocEngineClient:
+    def __init__(self, process, commands, results, cache_info: CacheInfo):
+        self._process = process
+        self._commands = commands
+        self._results = results
+        self.cache_info = cache_info
+        self._router = OutputRouter(self._send_abort)
+        self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
+        self._dead = False
+        self._reader = threading.Thread(target=self._read, name="pytgi-engine-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def start(
+        cls, config: EngineConfig, timeout_s: float = 3600.0, json_logs: bool = False
+    ) -> MultiprocEngineClient:
+        """Spawn the engine process and wait until it has loaded and warmed up the model."""
+        ctx = mp.get_context("spawn")
+        commands, results = ctx.Queue(), ctx.Queue()
+        args = (config, commands, results, os.getpid(), json_logs)
+        process = ctx.Process(target=run_engine, args=args, name="pytgi-engine")
+        process.start()
+        kind, payload = _wait_ready(process, results, timeout_s)
+        if kind != "ready":
+            process.join(5)
+            raise ModelLoadError(payload)
+        return cls(process, commands, results, payload)
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        if self._dead:
+            raise EngineDeadError()
+        stream = self._router.open(request.request_id)
+        self._commands.put(("add", request))
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        self._send_abort(request_id)
+
+    def _send_abort(self, request_id: str) -> None:
+        if not self._dead:
+            self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._dead and self._process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    async def shutdown(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if self._process.is_alive():
+            self._commands.put(("stop", None))
+            self._process.join(timeout_s)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._dead = True
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, outputs, stats = self._results.get(timeout=0.5)
+            except queue.Empty:
+                if not self._process.is_alive():
+                    break
+                continue
+            except (EOFError, OSError):
+                break
+            if kind == "outputs":
+                self._stats = stats
+                self._router.deliver(outputs)
+            elif kind == "stopped":
+                break
+        self._dead = True
+        code = self._process.exitcode
+        logger.error("engine process exited (code %s)", code)
+        self._router.fail_all(f"engine process exited (code {code})")
+
+
+def _wait_ready(process, results, timeout_s: float) -> tuple[str, object]:
+    waited = 0.0
+    while waited < timeout_s:
+        try:
+            kind, payload, _ = results.get(timeout=1.0)
+            return kind, payload
+        except queue.Empty:
+            waited += 1.0
+            if not process.is_alive():
+                return "error", f"engine process exited during start-up (code {process.exitcode})"
+    process.kill()
+    return "error", f"engine did not become ready within {timeout_s:.0f}s"
+
+
+def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_logs: bool) -> None:
+    """Engine process entry point: load, warm up, report ready, then step until told to stop."""
+    from pytgi.engine.engine_core import EngineCore
+    from pytgi.utils.logging import setup_logging
+
+    setup_logging(json_output=json_logs)
+    try:
+        core = EngineCore.from_config(config)
+    except Exception as exc:  # reported to the launcher, which exits with the message
+        logger.exception("engine start-up failed")
+        results.put(("error", f"{type(exc).__name__}: {exc}", None))
+        return
+    results.put(("ready", core.cache_info, None))
+    try:
+        _loop(core, commands, results, parent_pid)
+    finally:
+        core.shutdown()
+        results.put(("stopped", None, None))
+
+
+def _loop(core, commands, results, parent_pid: int) -> None:
+    while True:
+        if not _apply_commands(core, commands, block=not core.has_unfinished()):
+            return
+        if os.getppid() != parent_pid:
+            return  # orphaned: the launcher is gone
+        outputs = core.step()
+        if outputs or core.has_unfinished():
+            results.put(("outputs", outputs, core.stats()))
+
+
+def _apply_commands(core, commands, block: bool) -> bool:
+    """Apply queued commands; False when told to stop."""
+    try:
+        command = commands.get(timeout=0.5) if block else commands.get_nowait()
+    except queue.Empty:
+        return True
+    while True:
+        kind, payload = command
+        if kind == "stop":
+            return False
+        if kind == "add":
+            core.add_request(payload)
+        elif kind == "abort":
+            core.abort(payload)
+        try:
+            command = commands.get_nowait()
+        except queue.Empty:
+            return True

@@ -1,0 +1,43 @@
+"""The only reader of os.environ. TGI's variable names; read when called, never at import time.
+
+The CLI uses `flag_default(name)` as the fallback of each flag (TGI: every flag has an env twin);
+other helpers cover variables that are not flags (HF_TOKEN, HF_HUB_OFFLINE, ...).
+"""
+
+from __future__ import annotations
+
+import os
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def get(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def get_bool(name: str) -> bool:
+    value = get(name)
+    return value is not None and value.strip().lower() in _TRUE
+
+
+def hf_token() -> str | None:
+    return get("HF_TOKEN") or get("HUGGING_FACE_HUB_TOKEN") or get("HF_API_TOKEN")
+
+
+def hub_offline() -> bool:
+    return get_bool("HF_HUB_OFFLINE")
+
+
+def hub_cache_dir() -> str | None:
+    return get("HUGGINGFACE_HUB_CACHE") or get("HF_HUB_CACHE")
+
+
+def compute_type() -> str:
+    return get("COMPUTE_TYPE") or "cpu"
+
+
+def set_default_threading_env() -> None:
+    """OpenMP threads must not spin while waiting (cpu-kernels.md §7); set before torch is imported."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
