@@ -30,14 +30,12 @@ CONVERTED_SUFFIX = ".pytgi-safetensors"
 
 
 def iter_weights(model_dir: Path, allow_pickle: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(name, cpu tensor)` for every checkpoint tensor; peak memory stays ~one tensor."""
-    seen: dict[str, Path] = {}
-    for path in list_weight_files(Path(model_dir), allow_pickle):
-        for name, tensor in _iter_file(path):
-            if name in seen:
-                raise ModelLoadError(f"Tensor `{name}` is in both `{seen[name]}` and `{path}`")
-            seen[name] = path
-            yield name, tensor
+    """`(name, cpu tensor)` for every checkpoint tensor, read one at a time (peak: ~one tensor).
+
+    The weight files are found (and pickles converted) when called, so a missing shard fails here,
+    before the first tensor is read.
+    """
+    return _iter_files(list_weight_files(Path(model_dir), allow_pickle))
 
 
 def list_weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]:
@@ -116,6 +114,16 @@ def _indexed_files(directory: Path, index_name: str) -> list[Path]:
             raise ModelLoadError(f"Weight file `{name}` listed in `{index}` is missing")
         files.append(directory / name)
     return files
+
+
+def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    seen: dict[str, Path] = {}
+    for path in files:
+        for name, tensor in _iter_file(path):
+            if name in seen:
+                raise ModelLoadError(f"Tensor `{name}` is in both `{seen[name]}` and `{path}`")
+            seen[name] = path
+            yield name, tensor
 
 
 def _iter_file(path: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -11,7 +11,9 @@ the model id, revision and cache dir.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import huggingface_hub
@@ -46,6 +48,7 @@ REMOTE_CODE_PATTERNS = ["*.py"]
 PICKLE_PATTERNS = [PICKLE_INDEX, "pytorch_model*.bin"]
 
 _PATH_PREFIXES = ("/", "./", "../", "~")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def resolve_model_dir(model: ModelConfig, allow_patterns: list[str] | None = None) -> Path:
@@ -56,13 +59,15 @@ def resolve_model_dir(model: ModelConfig, allow_patterns: list[str] | None = Non
     local = local_model_dir(model.model_id)
     if local is not None:
         return local
+    _check_revision(model.revision)
     if allow_patterns is not None:
         return _snapshot(model, allow_patterns)
     patterns = METADATA_PATTERNS + (REMOTE_CODE_PATTERNS if model.trust_remote_code else [])
     snapshot = _snapshot(model, patterns)
-    snapshot = _snapshot(model, safetensors_patterns(snapshot))
+    pinned = _pin_revision(model, snapshot)  # later passes must not follow a branch that moved
+    snapshot = _snapshot(pinned, safetensors_patterns(snapshot))
     if model.allow_pickle_weights and not any(snapshot.glob("*.safetensors")):
-        snapshot = _snapshot(model, PICKLE_PATTERNS)
+        snapshot = _snapshot(pinned, PICKLE_PATTERNS)
     return snapshot
 
 
@@ -86,6 +91,22 @@ def safetensors_patterns(snapshot: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(f"Invalid weight index `{index}`: {err}") from err
     return sorted(set(weight_map.values()))
+
+
+def _check_revision(revision: str | None) -> None:
+    """Refuse revisions that would walk out of the cache's refs/ (they are joined as paths)."""
+    if revision is None:
+        return
+    parts = revision.split("/")
+    if not revision or revision.startswith("/") or ".." in parts or "\\" in revision:
+        raise ModelLoadError(f"Invalid revision `{revision}`")
+
+
+def _pin_revision(model: ModelConfig, snapshot: Path) -> ModelConfig:
+    """`model` at the commit of a cache snapshot (`.../snapshots/<sha>`), else unchanged."""
+    if snapshot.parent.name == "snapshots" and _COMMIT.fullmatch(snapshot.name):
+        return dataclasses.replace(model, revision=snapshot.name)
+    return model
 
 
 def _snapshot(model: ModelConfig, allow_patterns: list[str]) -> Path:

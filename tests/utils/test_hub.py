@@ -220,3 +220,23 @@ def test_unreachable_hub_and_not_cached(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError) as err:
         resolve_model_dir(ModelConfig(model_id=REPO, hub_cache_dir=str(tmp_path)))
     assert f"is not in the cache `{tmp_path}` and the hub cannot be reached" in err.value.message
+
+
+def test_later_passes_are_pinned_to_the_snapshot_commit(monkeypatch, hub_cache):
+    _, snapshot = hub_cache
+    hub = fake_hub(monkeypatch, snapshot)
+    resolve_model_dir(ModelConfig(model_id=REPO, revision="main"))
+    assert [call["revision"] for call in hub.calls] == ["main", COMMIT]
+
+
+@pytest.mark.parametrize("revision", ["../../../etc", "/abs", "a\\b", ""])
+def test_revision_cannot_leave_the_cache(monkeypatch, tmp_path, revision):
+    fake_hub(monkeypatch, tmp_path)
+    with pytest.raises(ModelLoadError, match="Invalid revision"):
+        resolve_model_dir(ModelConfig(model_id=REPO, revision=revision))
+
+
+def test_pr_revision_is_accepted(hub_cache):
+    cache, _ = hub_cache
+    with pytest.raises(ModelLoadError, match=r"\(revision refs/pr/1\) is not in the cache"):
+        resolve_model_dir(offline(cache, revision="refs/pr/1"))
