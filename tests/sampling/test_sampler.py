@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pytgi.sampling.metadata import SamplingMetadata
-from pytgi.sampling.sampler import Sampler, exponential_noise, mix_seed
+from pytgi.sampling.sampler import Sampler, sample_from_probs, uniform
 
 from .conftest import build_request
 
@@ -94,10 +94,23 @@ def test_draw_depends_only_on_seed_and_step():
     # another prompt, the same number of generated tokens (and the same logits): the same draw
     b = sampler(logits, [build_request(prompt_ids=[3], output_ids=[6], do_sample=True, seed=5)])
     assert a == b
-    noise = exponential_noise([5, 5, 6], [0, 1, 0], VOCAB, torch.device("cpu"))  # [3, V]
-    assert not torch.equal(noise[0], noise[1]) and not torch.equal(noise[0], noise[2])
-    assert torch.equal(noise[0], exponential_noise([5], [0], VOCAB, torch.device("cpu"))[0])
-    assert mix_seed(5, 0) != mix_seed(5, 1) != mix_seed(6, 0)
+    assert uniform(5, 0) != uniform(5, 1) != uniform(6, 0)
+
+
+def test_uniform_is_the_splitmix64_stream():
+    assert uniform(0, 0) == (0xE220A8397B1DCDAF >> 11) * 2.0**-53  # splitmix64(0)'s first output
+    draws = torch.tensor([uniform(42, k) for k in range(20000)], dtype=torch.float64)
+    assert 0.0 <= draws.min() and draws.max() < 1.0
+    assert abs(draws.mean().item() - 0.5) < 0.01
+    assert torch.histc(draws, bins=10, min=0, max=1).sub(2000).abs().max() < 150
+
+
+def test_inverse_cdf_never_picks_zero_probability_tokens():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0, 0.0]]).expand(5, 7)  # [5, 7]
+    uniforms = torch.tensor([0.0, 0.2499, 0.25, 0.75, 1.0 - 2.0**-53], dtype=torch.float64)
+    assert sample_from_probs(probs, uniforms).tolist() == [1, 1, 3, 4, 4]
+    unnormalised = torch.tensor([[2.0, 0.0, 6.0]])  # rows need not sum to 1
+    assert sample_from_probs(unnormalised, torch.tensor([0.26], dtype=torch.float64)).item() == 2
 
 
 def test_missing_seed_samples_as_seed_zero():
