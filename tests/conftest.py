@@ -35,3 +35,25 @@ def tiny_model_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def pytgi_server(tiny_model_factory, tmp_path_factory):
+    """The real `pytgi serve` subprocess on the tiny llama checkpoint, shared by the whole session."""
+    from e2e.server import ServerProcess
+
+    model_dir = tiny_model_factory("llama")
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    server = ServerProcess(
+        model_dir, "--max-concurrent-requests", "16", "--enable-prefill-logprobs", log_path=log
+    )
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pytgi_server_url(pytgi_server) -> str:
+    return pytgi_server.url

@@ -145,30 +145,32 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
 
 def _loop(core, commands, results, parent_pid: int) -> None:
     while True:
-        if not _apply_commands(core, commands, block=not core.has_unfinished()):
-            return
-        if os.getppid() != parent_pid:
-            return  # orphaned: the launcher is gone
+        num_applied = _apply_commands(core, commands, block=not core.has_unfinished())
+        if num_applied < 0 or os.getppid() != parent_pid:
+            return  # told to stop, or orphaned: the launcher is gone
         outputs = core.step()
-        if outputs or core.has_unfinished():
+        if outputs or num_applied or core.has_unfinished():
+            # stats go with every change (an abort frees blocks even when no step runs)
             results.put(("outputs", outputs, core.stats()))
 
 
-def _apply_commands(core, commands, block: bool) -> bool:
-    """Apply queued commands; False when told to stop."""
+def _apply_commands(core, commands, block: bool) -> int:
+    """Apply queued commands; returns how many, or -1 when told to stop."""
     try:
         command = commands.get(timeout=0.5) if block else commands.get_nowait()
     except queue.Empty:
-        return True
+        return 0
+    num_applied = 0
     while True:
         kind, payload = command
         if kind == "stop":
-            return False
+            return -1
         if kind == "add":
             core.add_request(payload)
         elif kind == "abort":
             core.abort(payload)
+        num_applied += 1
         try:
             command = commands.get_nowait()
         except queue.Empty:
-            return True
+            return num_applied

@@ -1,0 +1,133 @@
+"""Operations through the real server: limits, auth, disconnect-abort, SIGTERM drain, engine crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from e2e.server import ServerProcess, pid_alive
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tiny_model_factory, tmp_path_factory):
+    """A server with an API key, one concurrent request and a small payload limit."""
+    log = tmp_path_factory.mktemp("guarded") / "server.log"
+    server = ServerProcess(
+        tiny_model_factory("llama"),
+        "--api-key", "s3cret",
+        "--max-concurrent-requests", "1",
+        "--payload-limit", "2000",
+        log_path=log,
+    )  # fmt: skip
+    server.wait_healthy()
+    yield server
+    server.stop()
+
+
+AUTH = {"Authorization": "Bearer s3cret"}
+
+
+def test_metrics_are_registered_before_any_request(guarded_server):
+    text = httpx.get(f"{guarded_server.url}/metrics").text
+    for name in ("tgi_request_count", "tgi_request_success", "tgi_queue_size",
+                 "tgi_batch_current_size", "pytgi_kv_blocks_free", "pytgi_preemptions"):  # fmt: skip
+        assert name in text
+    assert metric(guarded_server.url, "tgi_request_count") == 0
+
+
+def test_api_key_is_enforced(guarded_server):
+    body = {"inputs": "hi", "parameters": {"max_new_tokens": 2}}
+    assert httpx.post(f"{guarded_server.url}/generate", json=body).status_code == 401
+    wrong = {"Authorization": "Bearer s3cret-not"}
+    assert httpx.post(f"{guarded_server.url}/generate", json=body, headers=wrong).status_code == 401
+    ok = httpx.post(f"{guarded_server.url}/generate", json=body, headers=AUTH, timeout=60)
+    assert ok.status_code == 200
+    assert httpx.get(f"{guarded_server.url}/health").status_code == 200  # not protected
+
+
+def test_payload_limit_is_413(guarded_server):
+    body = {"inputs": "x" * 5000, "parameters": {"max_new_tokens": 2}}
+    resp = httpx.post(f"{guarded_server.url}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 413
+
+
+def test_concurrency_limit_is_an_immediate_429(guarded_server):
+    url = guarded_server.url
+    body = {"inputs": "hello", "parameters": {"max_new_tokens": 400}}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/generate_stream", json=body, headers=AUTH) as stream:
+            next(stream.iter_lines())
+            start = time.monotonic()
+            resp = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=10)
+            assert resp.status_code == 429
+            assert time.monotonic() - start < 5
+            assert resp.json()["error_type"] == "overloaded"
+            assert "retry-after" in resp.headers
+
+
+def test_disconnect_aborts_and_frees_blocks(pytgi_server_url):
+    url = pytgi_server_url
+    aborted = metric(url, "pytgi_aborted_requests")
+    body = {"inputs": "hello there", "parameters": {"max_new_tokens": 400}}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/generate_stream", json=body) as stream:
+            lines = stream.iter_lines()
+            next(lines)
+            next(lines)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        done = metric(url, "pytgi_aborted_requests") > aborted
+        if done and metric(url, "pytgi_kv_blocks_free") == metric(url, "pytgi_kv_blocks_total"):
+            break
+        time.sleep(0.2)
+    assert metric(url, "pytgi_aborted_requests") == aborted + 1
+    assert metric(url, "pytgi_kv_blocks_free") == metric(url, "pytgi_kv_blocks_total")
+
+
+def test_sigterm_drains_in_flight_requests(tiny_model_factory, tmp_path):
+    server = ServerProcess(tiny_model_factory("llama"), log_path=tmp_path / "drain.log")
+    server.wait_healthy()
+    result = {}
+
+    def stream_one():
+        body = {"inputs": "hello", "parameters": {"max_new_tokens": 60, "details": True}}
+        with httpx.stream("POST", f"{server.url}/generate_stream", json=body, timeout=60) as r:
+            events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+        result["final"] = events[-1]
+
+    thread = threading.Thread(target=stream_one)
+    thread.start()
+    time.sleep(1.0)
+    server.proc.send_signal(signal.SIGTERM)
+    thread.join(60)
+    code = server.proc.wait(60)
+    server.stop()
+    assert code == 0, server.logs()
+    assert result["final"]["details"]["generated_tokens"] == 60
+
+
+def test_engine_crash_ends_the_launcher(tiny_model_factory, tmp_path):
+    server = ServerProcess(tiny_model_factory("llama"), log_path=tmp_path / "crash.log")
+    server.wait_healthy()
+    children = server.child_pids()
+    assert children
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    code = server.proc.wait(30)
+    server.stop()
+    assert code != 0
+    assert "engine" in server.logs().lower()
+    time.sleep(0.5)
+    assert not any(pid_alive(pid) for pid in children)
