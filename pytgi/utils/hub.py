@@ -12,6 +12,7 @@ the model id, revision and cache dir.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import re
 from pathlib import Path
@@ -66,8 +67,12 @@ def resolve_model_dir(model: ModelConfig, allow_patterns: list[str] | None = Non
     snapshot = _snapshot(model, patterns)
     pinned = _pin_revision(model, snapshot)  # later passes must not follow a branch that moved
     snapshot = _snapshot(pinned, safetensors_patterns(snapshot))
-    if model.allow_pickle_weights and not any(snapshot.glob("*.safetensors")):
-        snapshot = _snapshot(pinned, PICKLE_PATTERNS)
+    if any(snapshot.glob("*.safetensors")):
+        return snapshot
+    if model.allow_pickle_weights:
+        return _snapshot(pinned, PICKLE_PATTERNS)
+    if not model.hub_offline:
+        _refuse_pickle_only(pinned)
     return snapshot
 
 
@@ -91,6 +96,23 @@ def safetensors_patterns(snapshot: Path) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(f"Invalid weight index `{index}`: {err}") from err
     return sorted(set(weight_map.values()))
+
+
+def _refuse_pickle_only(model: ModelConfig) -> None:
+    """Name the repo's pickle weights (not downloaded without the opt-in) in the error."""
+    try:
+        files = huggingface_hub.list_repo_files(
+            model.model_id, revision=model.revision, token=model.hf_token
+        )
+    except (OSError, ValueError):
+        return  # only a better message is lost: the weights loader reports the missing weights
+    pickles = [f for f in files if fnmatch.fnmatch(f, PICKLE_PATTERNS[1])]
+    if pickles:
+        raise ModelLoadError(
+            f"Model `{model.model_id}` has no safetensors weights, only pickle weights "
+            f"({', '.join(pickles)}), which can run code when loaded. Pass --allow-pickle-weights "
+            "to download them and convert them with torch.load(weights_only=True)"
+        )
 
 
 def _check_revision(revision: str | None) -> None:

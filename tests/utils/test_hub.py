@@ -142,6 +142,7 @@ class FakeHub:
 def fake_hub(monkeypatch, snapshot: Path, error: Exception | None = None) -> FakeHub:
     hub = FakeHub(snapshot, error)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda *a, **k: [])
     return hub
 
 
@@ -240,3 +241,21 @@ def test_pr_revision_is_accepted(hub_cache):
     cache, _ = hub_cache
     with pytest.raises(ModelLoadError, match=r"\(revision refs/pr/1\) is not in the cache"):
         resolve_model_dir(offline(cache, revision="refs/pr/1"))
+
+
+def test_pickle_only_repo_is_named_without_opt_in(monkeypatch, tmp_path):
+    fake_hub(monkeypatch, tmp_path)
+    listed = ["config.json", "pytorch_model.bin", "training_args.bin"]
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda *a, **k: listed)
+    with pytest.raises(ModelLoadError, match=r"only pickle weights \(pytorch_model.bin\)"):
+        resolve_model_dir(ModelConfig(model_id=REPO))
+
+
+def test_pickle_listing_failure_leaves_the_error_to_the_loader(monkeypatch, tmp_path):
+    fake_hub(monkeypatch, tmp_path)
+
+    def unreachable(*args, **kwargs):
+        raise hf_errors.OfflineModeIsEnabled("offline")
+
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", unreachable)
+    assert resolve_model_dir(ModelConfig(model_id=REPO)) == tmp_path
