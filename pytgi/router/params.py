@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GrammarKind = Literal["json", "json_object", "regex", "json_schema"]
 
@@ -26,6 +26,14 @@ class GrammarParam(BaseModel):
 
     type: GrammarKind
     value: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_shape(cls, data: Any) -> Any:
+        """Also accept OpenAI's `{"type": "json_schema", "json_schema": {"schema": ...}}`."""
+        if isinstance(data, dict) and data.get("value") is None and "json_schema" in data:
+            return {**data, "value": data["json_schema"]}
+        return data
 
 
 _NULL_DEFAULTS: dict[str, Any] = {

@@ -1,0 +1,20 @@
+"""Router-side constructors for typed errors, so every message carries TGI's prefix (§2.2)."""
+
+from __future__ import annotations
+
+from pytgi.errors import GenerationError, ToolError, ValidationError
+
+
+def input_error(message: str) -> ValidationError:
+    """422 `validation`: "Input validation error: <message>" (TGI's `InferError` display)."""
+    return ValidationError(f"Input validation error: {message}")
+
+
+def generation_error(detail: str) -> GenerationError:
+    """424 `generation`: the engine failed this request."""
+    return GenerationError(f"Request failed during generation: {detail}")
+
+
+def tool_error(message: str) -> ToolError:
+    """422 `tool_error`: "Tool error: <message>"."""
+    return ToolError(f"Tool error: {message}")

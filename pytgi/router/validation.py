@@ -1,0 +1,245 @@
+"""`Validator`: TGI's request validation (contract §3), with its exact messages and order of checks.
+
+It turns `(inputs, GenerateParameters)` into a `ValidRequest`: prompt ids (truncated from the
+left), resolved `SamplingParams` (do_sample, seed) and `StoppingParams` (max_new_tokens, EOS ids),
+plus what `Infer` needs around the engine (stop strings, best_of, details flags). Every failure is
+a `ValidationError` whose message carries the prefix "Input validation error: " (422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field, replace
+
+from pytgi.config import CacheInfo, LimitsConfig
+from pytgi.engine.request import EngineRequest
+from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.router.errors import input_error
+from pytgi.router.grammar import NOT_SUPPORTED, GrammarSpec, parse_grammar
+from pytgi.router.params import GenerateParameters
+from pytgi.tokenizer.tokenizer import Tokenizer
+
+# TGI schedules max_new_tokens in chunks of this size and validates only the first chunk (§3.2)
+MAX_NEW_TOKENS_CHUNK = 1024
+GRAMMAR_UNAVAILABLE = "Grammar is not supported by this server"
+
+
+@dataclass
+class ValidRequest:
+    """A request that passed validation; `sampling.seed` is None when not sampling."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stopping: StoppingParams
+    stop_sequences: list[str] = field(default_factory=list)
+    best_of: int = 1
+    details: bool = False
+    decoder_input_details: bool = False
+    return_full_text: bool = False
+    grammar: GrammarSpec | None = None
+    adapter_id: str | None = None
+
+    @property
+    def input_length(self) -> int:
+        return len(self.prompt_ids)
+
+    def engine_request(self, request_id: str, seed: int | None = None) -> EngineRequest:
+        """The engine's view; `seed` overrides the sampling seed (best_of candidates)."""
+        sampling = self.sampling
+        if seed is not None:
+            sampling = replace(sampling, seed=seed)
+        return EngineRequest(request_id, list(self.prompt_ids), sampling, self.stopping)
+
+
+class Validator:
+    """Checks parameters and limits; tokenizes and truncates the inputs."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        limits: LimitsConfig,
+        cache_info: CacheInfo,
+        *,
+        enable_prefill_logprobs: bool = False,
+        disable_grammar_support: bool = False,
+        engine_supports_grammar: bool = False,
+    ):
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.max_total_tokens = limits.max_total_tokens or cache_info.max_total_tokens
+        self.max_input_tokens = limits.max_input_tokens or cache_info.max_input_tokens
+        self.enable_prefill_logprobs = enable_prefill_logprobs
+        self.disable_grammar_support = disable_grammar_support
+        self.engine_supports_grammar = engine_supports_grammar
+
+    def check_best_of(self, params: GenerateParameters, *, stream: bool = False) -> int:
+        """The checks TGI runs before taking a permit (§3.1 step 1, §2.6 stream rules)."""
+        best_of = params.best_of or 1
+        if stream and best_of != 1:
+            raise input_error("`best_of` != 1 is not supported when streaming tokens")
+        if stream and params.decoder_input_details:
+            raise input_error(
+                "`decoder_input_details` == true is not supported when streaming tokens"
+            )
+        if best_of > 1 and self.limits.max_best_of == 1:
+            raise input_error("`best_of` != 1 is not allowed for this endpoint")
+        if best_of > self.limits.max_best_of:
+            raise input_error(
+                f"`best_of` must be > 0 and <= {self.limits.max_best_of}. Given: {best_of}"
+            )
+        return best_of
+
+    async def validate(
+        self, inputs: str, params: GenerateParameters, *, add_special_tokens: bool = True
+    ) -> ValidRequest:
+        """Parameter checks in TGI's order, then tokenization and the token limits."""
+        best_of = params.best_of or 1
+        sampling = self._sampling_params(params, best_of)
+        self._check_stop_and_top_n(params, best_of)
+        if inputs == "":
+            raise input_error("`inputs` cannot be empty")
+        truncate = self._check_truncate(params.truncate)
+        ids = await self._tokenize(inputs, add_special_tokens)
+        if truncate is not None:
+            ids = ids[-truncate:]
+        max_new_tokens = self._check_lengths(len(ids), params.max_new_tokens)
+        grammar = self._check_grammar(params)
+        return ValidRequest(
+            prompt_ids=ids,
+            sampling=sampling,
+            stopping=StoppingParams(max_new_tokens, self.tokenizer.eos_token_ids),
+            stop_sequences=[s for s in params.stop if s],
+            best_of=best_of,
+            details=params.details or params.decoder_input_details,
+            decoder_input_details=params.decoder_input_details,
+            return_full_text=bool(params.return_full_text),
+            grammar=grammar,
+            adapter_id=params.adapter_id,
+        )
+
+    def _sampling_params(self, p: GenerateParameters, best_of: int) -> SamplingParams:
+        asked_sampling = p.do_sample or any(
+            v is not None for v in (p.temperature, p.top_k, p.top_p, p.typical_p)
+        )
+        if best_of > 1 and not asked_sampling:
+            raise input_error("you must use sampling when `best_of` is > 1")
+        temperature = _check_temperature(p.temperature)
+        repetition = _check_repetition_penalty(p.repetition_penalty)
+        frequency = _check_frequency_penalty(p.frequency_penalty)
+        top_p = _check_unit_open("top_p", p.top_p)
+        typical_p = _check_unit_open("typical_p", p.typical_p)
+        top_k = _check_top_k(p.top_k)
+        if p.max_new_tokens == 0:
+            raise input_error("`max_new_tokens` must be strictly positive")
+        warped = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+        do_sample = p.do_sample or warped
+        return SamplingParams(
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            typical_p=typical_p,
+            repetition_penalty=repetition,
+            frequency_penalty=frequency,
+            watermark=p.watermark,
+            seed=self._seed(p.seed) if do_sample else None,
+            top_n_tokens=p.top_n_tokens or 0,
+            prefill_logprobs=p.decoder_input_details and self.enable_prefill_logprobs,
+        )
+
+    @staticmethod
+    def _seed(seed: int | None) -> int:
+        """TGI draws a random u64 when the user gave none (checked against best_of later)."""
+        return random.getrandbits(64) if seed is None else seed
+
+    def _check_stop_and_top_n(self, p: GenerateParameters, best_of: int) -> None:
+        max_stop = self.limits.max_stop_sequences
+        if len(p.stop) > max_stop:
+            raise input_error(
+                f"`stop` supports up to {max_stop} stop sequences. Given: {len(p.stop)}"
+            )
+        if p.seed is not None and best_of > 1:
+            raise input_error("`seed` must not be set when `best_of` > 1")
+        max_top_n = self.limits.max_top_n_tokens
+        if (p.top_n_tokens or 0) > max_top_n:
+            raise input_error(
+                f"`top_n_tokens` must be >= 0 and <= {max_top_n}. Given: {p.top_n_tokens}"
+            )
+
+    def _check_truncate(self, truncate: int | None) -> int | None:
+        if truncate is not None and not 0 < truncate <= self.max_input_tokens:
+            raise input_error(
+                "`truncate` must be strictly positive and less than "
+                f"{self.max_input_tokens}. Given: {truncate}"
+            )
+        return truncate
+
+    async def _tokenize(self, inputs: str, add_special_tokens: bool) -> list[int]:
+        """Off the event loop: a long prompt must not stall other streams."""
+        try:
+            encoded = await asyncio.to_thread(
+                self.tokenizer.encode, inputs, add_special_tokens=add_special_tokens
+            )
+        except (TypeError, ValueError, UnicodeError) as exc:
+            raise input_error(f"tokenizer error {exc}") from exc
+        return encoded.ids
+
+    def _check_lengths(self, input_length: int, max_new_tokens: int | None) -> int:
+        """TGI's two token-limit checks; returns the max_new_tokens the engine runs with."""
+        room = max(self.max_total_tokens - input_length, 0)
+        requested = room if max_new_tokens is None else max_new_tokens
+        chunk = min(requested, MAX_NEW_TOKENS_CHUNK)
+        if input_length + chunk > self.max_total_tokens:
+            raise input_error(
+                f"`inputs` tokens + `max_new_tokens` must be <= {self.max_total_tokens}. "
+                f"Given: {input_length} `inputs` tokens and {chunk} `max_new_tokens`"
+            )
+        if input_length > self.max_input_tokens:
+            raise input_error(
+                f"`inputs` must have less than {self.max_input_tokens} tokens. "
+                f"Given: {input_length}"
+            )
+        # TGI continues chunk after chunk until the context is full; one request does the same
+        return min(requested, room)
+
+    def _check_grammar(self, p: GenerateParameters) -> GrammarSpec | None:
+        if p.grammar is None:
+            return None
+        if self.disable_grammar_support:
+            raise input_error(NOT_SUPPORTED)
+        spec = parse_grammar(p.grammar)
+        if not self.engine_supports_grammar:
+            raise input_error(GRAMMAR_UNAVAILABLE)
+        return spec
+
+
+def _check_temperature(value: float | None) -> float:
+    if value is not None and not value > 0.0:
+        raise input_error("`temperature` must be strictly positive")
+    return 1.0 if value is None else value
+
+
+def _check_repetition_penalty(value: float | None) -> float:
+    if value is not None and not value > 0.0:
+        raise input_error("`repetition_penalty` must be strictly positive")
+    return 1.0 if value is None else value
+
+
+def _check_frequency_penalty(value: float | None) -> float:
+    if value is not None and not -2.0 <= value <= 2.0:
+        raise input_error("`frequency_penalty` must be >= -2.0 and <= 2.0")
+    return 0.0 if value is None else value
+
+
+def _check_unit_open(name: str, value: float | None) -> float:
+    """top_p / typical_p: (0, 1) exclusive — TGI rejects 1.0."""
+    if value is not None and not 0.0 < value < 1.0:
+        raise input_error(f"`{name}` must be > 0.0 and < 1.0")
+    return 1.0 if value is None else value
+
+
+def _check_top_k(value: int | None) -> int:
+    if value is not None and value <= 0:
+        raise input_error("`top_k` must be strictly positive")
+    return 0 if value is None else value
