@@ -1,8 +1,10 @@
-"""Frozen configuration dataclasses, one per concern, aggregated into `EngineConfig` and `ServerConfig`.
+"""Frozen configuration dataclasses, one per concern, aggregated into `EngineConfig` and
+`ServerConfig`.
 
-They are built once by the CLI (from flags and, through `envs`, TGI's environment variables) and passed
-explicitly, including to child processes (pickled). Values discovered at run time (the number of KV blocks,
-the resulting max_total_tokens) are returned as `CacheInfo`; they never mutate a config.
+They are built once by the CLI (from flags and, through `envs`, TGI's environment variables) and
+passed explicitly, including to child processes (pickled). Values discovered at run time (the number
+of KV blocks, the resulting max_total_tokens) are returned as `CacheInfo`; they never mutate a
+config.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
-    """`factory(arch="llama", **overrides) -> Path`: a cached tiny checkpoint directory per (arch, overrides)."""
+    """`factory(arch="llama", **overrides) -> Path`: a cached tiny checkpoint directory per (arch,
+    overrides).
+    """
     from fixtures.tiny_models import build_tiny_model
 
     built: dict[tuple, Path] = {}

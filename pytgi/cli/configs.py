@@ -1,4 +1,6 @@
-"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts (contract §1.1-1.2)."""
+"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts (contract
+§1.1-1.2).
+"""
 
 from __future__ import annotations
 
@@ -123,9 +125,7 @@ def limits_config(
     """Request limits once warm-up has sized the KV cache (TGI: the shard decides what was unset)."""
     max_total = args.max_total_tokens
     if max_total is None:
-        max_total = min(
-            v for v in (cache.max_total_tokens, model_max_length) if v is not None
-        )
+        max_total = min(v for v in (cache.max_total_tokens, model_max_length) if v is not None)
     elif max_total > cache.max_batch_total_tokens:
         raise ConfigError(f"Not enough memory to handle `max_total_tokens={max_total}`")
     max_input = input_tokens(args)

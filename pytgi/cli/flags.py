@@ -1,4 +1,5 @@
-"""Every launcher flag, declared once as data: TGI's spelling, help text, env twin (upper-snake of the name).
+"""Every launcher flag, declared once as data: TGI's spelling, help text, env twin (upper-snake of
+the name).
 
 `add_flags(parser, FLAGS)` turns them into argparse options whose default is the env value when set.
 """
@@ -52,19 +53,28 @@ QUANTIZE = (
 MODEL_FLAGS = [
     Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
-    Flag("--dtype", "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
-         choices=("float32", "float16", "bfloat16")),  # fmt: skip
-    Flag("--trust-remote-code", "Allow custom model code from the hub (off by default)", switch=True),
-    Flag("--allow-pickle-weights",
-         "Accept pickle .bin checkpoints (loaded with weights_only=True, converted to safetensors)",
-         switch=True),  # fmt: skip
+    Flag(
+        "--dtype",
+        "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
+        choices=("float32", "float16", "bfloat16"),
+    ),  # fmt: skip
+    Flag(
+        "--trust-remote-code", "Allow custom model code from the hub (off by default)", switch=True
+    ),
+    Flag(
+        "--allow-pickle-weights",
+        "Accept pickle .bin checkpoints (loaded with weights_only=True, converted to safetensors)",
+        switch=True,
+    ),  # fmt: skip
     Flag("--huggingface-hub-cache", "Hub cache directory"),
     Flag("--tokenizer-config-path", "Alternate tokenizer_config.json (chat template source)"),
 ]
 
 ENGINE_FLAGS = [
     Flag("--max-batch-prefill-tokens", "Token budget of one step (prompt chunks + decodes)", int),
-    Flag("--max-batch-total-tokens", "KV cache capacity in tokens (default: from free memory)", int),
+    Flag(
+        "--max-batch-total-tokens", "KV cache capacity in tokens (default: from free memory)", int
+    ),
     Flag("--max-batch-size", "Maximum number of running requests", int),
     Flag("--num-blocks", "KV blocks to allocate (overrides memory profiling)", int),
     Flag("--block-size", "Tokens per KV block", int, 16),
@@ -98,10 +108,15 @@ LIMIT_FLAGS = [
     Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
     Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
     Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
-    Flag("--waiting-served-ratio", "Accepted for compatibility (ignored with chunked prefill)",
-         float, 0.3),  # fmt: skip
-    Flag("--max-waiting-tokens", "Accepted for compatibility (ignored with chunked prefill)",
-         int, 20),  # fmt: skip
+    Flag(
+        "--waiting-served-ratio",
+        "Accepted for compatibility (ignored with chunked prefill)",
+        float,
+        0.3,
+    ),  # fmt: skip
+    Flag(
+        "--max-waiting-tokens", "Accepted for compatibility (ignored with chunked prefill)", int, 20
+    ),  # fmt: skip
 ]
 
 SERVER_FLAGS = [
@@ -112,13 +127,20 @@ SERVER_FLAGS = [
     Flag("--cors-allow-origin", "Allowed CORS origin (repeatable)", repeat=True),
     Flag("--json-output", "JSON log lines", switch=True),
     Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
-    Flag("--enable-prefill-logprobs", "Return prompt logprobs with decoder_input_details",
-         switch=True),  # fmt: skip
+    Flag(
+        "--enable-prefill-logprobs",
+        "Return prompt logprobs with decoder_input_details",
+        switch=True,
+    ),  # fmt: skip
     Flag("--disable-grammar-support", "Reject grammar / response_format", switch=True),
     Flag("--watermark-gamma", "Watermark green-list fraction", float, 0.5),
     Flag("--watermark-delta", "Watermark logit bias", float, 2.0),
     Flag("--otlp-endpoint", "OpenTelemetry collector (accepted, not used)"),
-    Flag("--otlp-service-name", "OpenTelemetry service name", default="text-generation-inference.router"),
+    Flag(
+        "--otlp-service-name",
+        "OpenTelemetry service name",
+        default="text-generation-inference.router",
+    ),
     Flag("--lora-adapters", "LoRA adapters (not supported yet)"),
     Flag("--usage-stats", "Telemetry (pytgi sends none)", default="off"),
     Flag("--shard-uds-path", "Accepted for compatibility", default="/tmp/text-generation-server"),

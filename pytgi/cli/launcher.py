@@ -1,6 +1,7 @@
-"""`pytgi serve` / `text-generation-launcher`: resolve the model, start the engine process, wait for its
-warm-up, then open the HTTP port. Supervises the engine (its death ends the server with exit code 1) and
-drains in-flight requests on SIGTERM for up to `--graceful-termination-timeout` seconds (exit code 0).
+"""`pytgi serve` / `text-generation-launcher`: resolve the model, start the engine process, wait for
+its warm-up, then open the HTTP port. Supervises the engine (its death ends the server with exit
+code 1) and drains in-flight requests on SIGTERM for up to `--graceful-termination-timeout`
+seconds (exit code 0).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     from pytgi.server.app import create_app
 
-    app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=_model_info(server_cfg))
+    app = create_app(
+        infer, engine, server_cfg, engine.cache_info, model_info=_model_info(server_cfg)
+    )
     return asyncio.run(run_http(app, server_cfg, engine))
 
 
@@ -45,7 +48,9 @@ def start_engine_and_router(args: argparse.Namespace):
     engine_cfg = configs.engine_config(args, model)
     start = time.perf_counter()
     model_dir = resolve_model_dir(model)
-    logger.info("Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start)
+    logger.info(
+        "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
+    )
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()

@@ -1,4 +1,6 @@
-"""`pytgi` command line: serve, generate, bench, download-weights. `text-generation-launcher` = serve."""
+"""`pytgi` command line: serve, generate, bench, download-weights. `text-generation-launcher` =
+serve.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pytgi.cli.bench import add_bench_args
 
-    add_bench_args(sub.add_parser("bench", help="Benchmark the engine (--model-id) or a server (--url)"))
+    add_bench_args(
+        sub.add_parser("bench", help="Benchmark the engine (--model-id) or a server (--url)")
+    )
 
     from pytgi.cli.download import add_download_args
 

@@ -1,9 +1,10 @@
 """BlockPool: the KV blocks, their reference counts, the prefix-cache hash map and LRU eviction.
 
-A block is either in use (ref_cnt > 0) or free (ref_cnt == 0, in `_free` in LRU order, oldest first). A free
-block may still hold a cached prefix (it has a `block_hash` and is in `_cached`): it can be revived by a prefix
-hit (`touch`) until it is handed out again by `allocate`, which evicts its hash first. So "free" counts cached
-blocks too: the cache never makes the pool refuse an allocation.
+A block is either in use (ref_cnt > 0) or free (ref_cnt == 0, in `_free` in LRU order, oldest
+first). A free block may still hold a cached prefix (it has a `block_hash` and is in `_cached`): it
+can be revived by a prefix hit (`touch`) until it is handed out again by `allocate`, which evicts
+its hash first. So "free" counts cached blocks too: the cache never makes the pool refuse an
+allocation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ BlockHash = int
 
 
 def hash_block(parent_hash: BlockHash | None, token_ids: tuple[int, ...]) -> BlockHash:
-    """Hash of a full block: chains the parent block's hash so equal blocks match only with equal prefixes."""
+    """Hash of a full block: chains the parent block's hash so equal blocks match only with equal
+    prefixes.
+    """
     return hash((parent_hash, token_ids))
 
 
@@ -45,7 +48,9 @@ class BlockPool:
         return self._cached.get(block_hash)
 
     def allocate(self, num_blocks: int) -> list[Block]:
-        """Hand out `num_blocks` free blocks, least recently freed first, evicting their cached hashes."""
+        """Hand out `num_blocks` free blocks, least recently freed first, evicting their cached
+        hashes.
+        """
         if num_blocks > len(self._free):
             raise RuntimeError(f"cannot allocate {num_blocks} blocks, {len(self._free)} free")
         out = []

@@ -1,8 +1,8 @@
 """The one interface between the API process and the engine: `EngineClient`.
 
-Two implementations share it: `InprocEngineClient` (the EngineCore steps in a background thread of this
-process: tests and the offline API) and `MultiprocEngineClient` (the EngineCore runs in its own process:
-the default for `serve`, so the HTTP event loop never waits for a forward pass).
+Two implementations share it: `InprocEngineClient` (the EngineCore steps in a background thread of
+this process: tests and the offline API) and `MultiprocEngineClient` (the EngineCore runs in its own
+process: the default for `serve`, so the HTTP event loop never waits for a forward pass).
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ class EngineStats:
 class EngineClient(Protocol):
     """Submit token-level requests to the engine and stream back their deltas.
 
-    `generate(request)` yields `RequestOutput` deltas until one has `finished=True`. If the consumer stops
-    iterating early (the HTTP client went away, a stop string matched) the iterator's `aclose()` aborts the
-    request in the engine, which frees its KV blocks at the next step; a queued request is never scheduled.
-    A request the engine failed ends with a delta whose `error` is set.
+    `generate(request)` yields `RequestOutput` deltas until one has `finished=True`. If the consumer
+    stops iterating early (the HTTP client went away, a stop string matched) the iterator's
+    `aclose()` aborts the request in the engine, which frees its KV blocks at the next step; a
+    queued request is never scheduled. A request the engine failed ends with a delta whose `error`
+    is set.
     """
 
     cache_info: CacheInfo

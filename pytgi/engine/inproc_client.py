@@ -1,7 +1,7 @@
 """InprocEngineClient: the EngineCore steps in a background thread of this process.
 
-Used by tests and by the offline API's async users. Commands (add, abort) go through a thread-safe queue and
-are applied between steps; deltas come back to the event loop with `call_soon_threadsafe`.
+Used by tests and by the offline API's async users. Commands (add, abort) go through a thread-safe
+queue and are applied between steps; deltas come back to the event loop with `call_soon_threadsafe`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""KVCacheManager: each request's block table, prefix-cache lookups, allocation of slots for new tokens.
+"""KVCacheManager: each request's block table, prefix-cache lookups, allocation of slots for new
+tokens.
 
-Invariant: a request owning `len(blocks)` blocks can hold `len(blocks) * block_size` tokens; the first
-`num_computed_tokens` of its tokens are in those blocks. Full blocks of computed tokens are published to the
-prefix cache (prompt and generated tokens alike, so a multi-turn conversation hits its own history).
+Invariant: a request owning `len(blocks)` blocks can hold `len(blocks) * block_size` tokens; the
+first `num_computed_tokens` of its tokens are in those blocks. Full blocks of computed tokens are
+published to the prefix cache (prompt and generated tokens alike, so a multi-turn conversation hits
+its own history).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class KVCacheManager:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
     def find_cached_prefix(self, request: Request) -> list[Block]:
-        """Longest run of cached full blocks matching the request's tokens, leaving >= 1 token to compute."""
+        """Longest run of cached full blocks matching the request's tokens, leaving >= 1 token to
+        compute.
+        """
         if not self.enable_prefix_caching or request.sampling.prefill_logprobs:
             return []  # prefill logprobs need every prompt position computed (TGI bypasses the cache too)
         hashes = self._full_block_hashes(request)
@@ -57,10 +61,12 @@ class KVCacheManager:
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached: list[Block] | None = None
     ) -> bool:
-        """Make room for `num_new_tokens` more tokens after the computed ones; False if blocks ran out.
+        """Make room for `num_new_tokens` more tokens after the computed ones; False if blocks ran
+        out.
 
         `cached` are prefix-hit blocks for a request being admitted (its num_computed_tokens is then
         advanced by the caller). On failure nothing changes.
+
         """
         cached = cached or []
         blocks = self._blocks.setdefault(request.request_id, [])

@@ -1,8 +1,9 @@
-"""LLM: the offline API. `LLM(model_id).generate(prompts, params)` runs the EngineCore in this thread.
+"""LLM: the offline API. `LLM(model_id).generate(prompts, params)` runs the EngineCore in this
+thread.
 
-    from pytgi import LLM, SamplingParams
-    llm = LLM()  # the bundled demo model
-    out = llm.generate(["And God said"], SamplingParams(do_sample=True, temperature=0.8, seed=1))
+from pytgi import LLM, SamplingParams
+llm = LLM()  # the bundled demo model
+out = llm.generate(["And God said"], SamplingParams(do_sample=True, temperature=0.8, seed=1))
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def engine_config(
     return EngineConfig(
         model=ModelConfig(model_id=model_id, revision=revision, dtype=dtype),
         cache=CacheConfig(
-            block_size=block_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching
+            block_size=block_size,
+            num_blocks=num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=max_batch_prefill_tokens,

@@ -1,6 +1,7 @@
-"""MultiprocEngineClient: the EngineCore runs in its own process, so the HTTP event loop never waits for
-a forward pass. Commands go down one queue, per-step deltas (with a stats snapshot) come back on another;
-a reader thread routes them to the per-request streams. The engine process exits when its parent dies.
+"""MultiprocEngineClient: the EngineCore runs in its own process, so the HTTP event loop never waits
+for a forward pass. Commands go down one queue, per-step deltas (with a stats snapshot) come back
+on another; a reader thread routes them to the per-request streams. The engine process exits when
+its parent dies.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The objects that cross the engine's boundaries.
 
-Scheduler → worker: `SchedulerOutput` (which requests run which tokens this step, with their block tables).
-Worker → scheduler: `ModelOutput` (the sampled token per request that reached the end of its known tokens).
-Engine → API process: `RequestOutput` (per-request deltas: new tokens, finish, prefill logprobs).
-All are plain dataclasses of Python scalars and lists: picklable, no torch.
+Scheduler → worker: `SchedulerOutput` (which requests run which tokens this step, with their block
+tables). Worker → scheduler: `ModelOutput` (the sampled token per request that reached the end of
+its known tokens). Engine → API process: `RequestOutput` (per-request deltas: new tokens, finish,
+prefill logprobs). All are plain dataclasses of Python scalars and lists: picklable, no torch.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from pytgi.engine.sampling_params import SamplingParams
 class ScheduledRequest:
     """One request's share of a step.
 
-    The model runs `input_ids` at positions `start_pos .. start_pos + len(input_ids) - 1`, writing their K/V
-    into the slots given by `block_ids` (slot = block_ids[pos // block_size] * block_size + pos % block_size)
-    and attending to every earlier position of the request (its cache holds `start_pos` tokens already).
+    The model runs `input_ids` at positions `start_pos .. start_pos + len(input_ids) - 1`, writing
+    their K/V into the slots given by `block_ids` (slot = block_ids[pos // block_size] * block_size
+    + pos % block_size) and attending to every earlier position of the request (its cache holds
+    `start_pos` tokens already).
     """
 
     request_id: str
@@ -67,8 +68,8 @@ class SampledToken:
 class ModelOutput:
     """Results of one step, keyed by request id.
 
-    `prefill_logprobs[rid][i]` is the logprob of the i-th input token of this step's chunk given what came
-    before it (NaN for the very first prompt token, which has no prediction).
+    `prefill_logprobs[rid][i]` is the logprob of the i-th input token of this step's chunk given
+    what came before it (NaN for the very first prompt token, which has no prediction).
     """
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)

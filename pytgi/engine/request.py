@@ -1,9 +1,9 @@
 """Engine-side state of one request.
 
-Invariant: `num_computed_tokens <= num_tokens`; the tokens in `[num_computed_tokens, num_tokens)` are the
-ones the scheduler still has to run through the model (the prompt, a prompt chunk, the last sampled token,
-or everything again after a preemption). Prefill, chunked prefill, prefix hits, decode and recompute are
-all this one piece of arithmetic.
+Invariant: `num_computed_tokens <= num_tokens`; the tokens in `[num_computed_tokens, num_tokens)`
+are the ones the scheduler still has to run through the model (the prompt, a prompt chunk, the last
+sampled token, or everything again after a preemption). Prefill, chunked prefill, prefix hits,
+decode and recompute are all this one piece of arithmetic.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Scheduler: decides, each step, which requests run which tokens, under three budgets.
 
-- token budget: `max_batch_prefill_tokens` tokens per step (decodes cost one each, prompts are chunked);
-- KV budget: blocks from the KVCacheManager (when they run out, the most recently admitted running request
-  is preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed);
-- `max_batch_size` running requests.
-There is one piece of arithmetic for every phase: a request runs tokens until `num_computed_tokens` catches
-up with `num_tokens`. The scheduler never touches tensors.
+- token budget: `max_batch_prefill_tokens` tokens per step (decodes cost one each, prompts are
+chunked); - KV budget: blocks from the KVCacheManager (when they run out, the most recently admitted
+running request is preempted: its blocks are freed and it goes back to the front of the queue, to be
+recomputed); - `max_batch_size` running requests. There is one piece of arithmetic for every phase:
+a request runs tokens until `num_computed_tokens` catches up with `num_tokens`. The scheduler never
+touches tensors.
 """
 
 from __future__ import annotations
@@ -166,7 +166,9 @@ class Scheduler:
     def _gather_prompt_logprobs(
         self, request: Request, start_pos: int, logprobs: list[float]
     ) -> None:
-        """Keep the logprobs of prompt positions not gathered yet (a recompute repeats earlier ones)."""
+        """Keep the logprobs of prompt positions not gathered yet (a recompute repeats earlier
+        ones).
+        """
         have = len(request.prompt_logprobs)
         skip = have - start_pos
         if skip >= 0:

@@ -1,4 +1,6 @@
-"""Token-level stopping (TGI order: max_new_tokens wins over EOS) and the per-step delta of a request."""
+"""Token-level stopping (TGI order: max_new_tokens wins over EOS) and the per-step delta of a
+request.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """OutputRouter: per-request async streams fed from a non-asyncio thread.
 
-Each `open(request_id)` returns an async iterator bound to the caller's event loop. `deliver` may be called
-from any thread; closing a stream before its final delta calls `on_abort(request_id)` so the engine drops
-the request (client disconnect, stop string matched).
+Each `open(request_id)` returns an async iterator bound to the caller's event loop. `deliver` may be
+called from any thread; closing a stream before its final delta calls `on_abort(request_id)` so the
+engine drops the request (client disconnect, stop string matched).
 """
 
 from __future__ import annotations

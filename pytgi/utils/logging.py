@@ -1,4 +1,6 @@
-"""Logging set-up: plain text or one JSON object per line (`--json-output`), same format in every process."""
+"""Logging set-up: plain text or one JSON object per line (`--json-output`), same format in every
+process.
+"""
 
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ def setup_logging(json_output: bool = False, level: str = "INFO") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+            logging.Formatter(
+                "%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"
+            )
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-

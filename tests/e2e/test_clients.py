@@ -1,5 +1,7 @@
-"""The real server (subprocess, tiny llama) driven by the clients people use: TGI's `text-generation`,
-`huggingface_hub.InferenceClient` and `openai`. Greedy output is checked against transformers."""
+"""The real server (subprocess, tiny llama) driven by the clients people use: TGI's
+`text-generation`, `huggingface_hub.InferenceClient` and `openai`. Greedy output is checked
+against transformers.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ def reference(tiny_model_factory):
     """transformers' greedy continuation of PROMPT (fp32, eager) — the correctness reference."""
     model_dir = tiny_model_factory("llama")
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="eager"
+    )
     ids = tok(PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
@@ -123,11 +127,11 @@ def test_huggingface_hub_client(pytgi_server_url):
     assert isinstance(text, str)
     streamed = "".join(client.text_generation(PROMPT, max_new_tokens=6, stream=True))
     assert streamed == text
-    chat = client.chat_completion(
-        [{"role": "user", "content": "hi"}], max_tokens=6, temperature=0
-    )
+    chat = client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
     assert chat.choices[0].message.role == "assistant"
     parts = client.chat_completion(
         [{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, stream=True
     )
-    assert "".join(p.choices[0].delta.content or "" for p in parts) == chat.choices[0].message.content
+    assert (
+        "".join(p.choices[0].delta.content or "" for p in parts) == chat.choices[0].message.content
+    )

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+
 from e2e.server import ServerProcess, pid_alive
 
 

@@ -1,5 +1,7 @@
 """A model-free executor: the next token is a pure function of the request's history, so a request's
-output does not depend on batching, chunking, prefix hits or preemption — exactly what the engine must keep."""
+output does not depend on batching, chunking, prefix hits or preemption — exactly what the engine
+must keep.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import asyncio
 
 from engine.fakes import FakeExecutor
 from engine.test_scheduler import expected_output, make_core, request
+
 from pytgi.engine.inproc_client import InprocEngineClient
 
 

@@ -1,4 +1,6 @@
-"""Scheduler, KV cache manager and engine core without a model (a fake, history-determined executor)."""
+"""Scheduler, KV cache manager and engine core without a model (a fake, history-determined
+executor).
+"""
 
 from __future__ import annotations
 
