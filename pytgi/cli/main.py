@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         from pytgi.cli.bench import run_bench
 
         return run_bench(args)
+    from pytgi import envs
     from pytgi.cli.download import run_download
 
+    args.hf_token = getattr(args, "hf_token", None) or envs.hf_token()
+    args.hub_offline = getattr(args, "hub_offline", False) or envs.hub_offline()
     return run_download(args)
 
 
