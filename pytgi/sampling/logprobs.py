@@ -24,11 +24,13 @@ def compute_top_n(
         return top_ids, top_logprobs
     picked = logprobs if len(rows) == num_rows else logprobs[rows]  # [R, V]
     n = torch.tensor([min(top_n[i], vocab_size) for i in rows], device=logprobs.device)  # [R]
-    best = torch.topk(picked, int(n.max()), dim=-1).values  # [R, max_n]
-    nth = best.gather(1, (n - 1).unsqueeze(1))  # [R, 1]
+    max_n = int(n.max())
+    best = torch.topk(picked, max_n, dim=-1)  # [R, max_n], descending
+    nth = best.values.gather(1, (n - 1).unsqueeze(1))  # [R, 1]
     nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)  # -inf tokens never qualify
     num_kept = (picked >= nth).sum(dim=-1)  # [R]
-    kept = torch.topk(picked, int(num_kept.max()), dim=-1)  # [R, max_kept]
+    max_kept = int(num_kept.max())
+    kept = best if max_kept <= max_n else torch.topk(picked, max_kept, dim=-1)  # ties past n
     for row, count, ids, values in zip(
         rows, num_kept.tolist(), kept.indices.tolist(), kept.values.tolist(), strict=True
     ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 FILTER_VALUE = -float("inf")
+TOP_P_CANDIDATES = 1024  # tokens top-p looks at before falling back to a full sort
 
 
 def compute_token_counts(flat_index: torch.Tensor, num_rows: int, vocab_size: int) -> torch.Tensor:
@@ -67,8 +68,41 @@ def apply_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
 def apply_top_p(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Nucleus filtering: drop the tokens whose ascending cumulative probability is <= 1 - p.
 
-    The most likely token is always kept.
+    The most likely token is always kept. Rows whose nucleus lies within their `TOP_P_CANDIDATES`
+    best tokens (almost always, and always after top-k) are filtered on those candidates only: a
+    top-k selection instead of a sort of the whole vocabulary. The other rows are sorted in full.
     """
+    num_candidates = min(TOP_P_CANDIDATES, scores.shape[-1])
+    values, ids = torch.topk(scores, num_candidates, dim=-1)  # [R, C], descending
+    log_total = torch.logsumexp(scores, dim=-1, keepdim=True)  # [R, 1]
+    probs = (values - log_total).exp()  # [R, C]
+    mass = probs.sum(dim=-1)  # [R]
+    out = top_p_on_candidates(scores, values, ids, probs, 1 - mass, top_p)  # [R, V]
+    uncovered = torch.nonzero(mass < top_p).flatten()  # [U] rows whose nucleus may reach further
+    if uncovered.numel() > 0:
+        out[uncovered] = top_p_sorted(scores[uncovered], top_p[uncovered])  # [U, V]
+    return out
+
+
+def top_p_on_candidates(
+    scores: torch.Tensor,
+    values: torch.Tensor,
+    ids: torch.Tensor,
+    probs: torch.Tensor,
+    tail_mass: torch.Tensor,
+    top_p: torch.Tensor,
+) -> torch.Tensor:
+    """Top-p over the best candidates (descending `values`/`ids`/`probs` [R, C]); the tokens outside
+    them (probability `tail_mass` [R]) come first in ascending order, so they are all dropped."""
+    cum_ascending = tail_mass.unsqueeze(1) + probs.flip(-1).cumsum(dim=-1)  # [R, C]
+    remove = (cum_ascending <= (1 - top_p).unsqueeze(1)).flip(-1)  # [R, C], descending order
+    remove[:, 0] = False
+    kept = values.masked_fill(remove, FILTER_VALUE)  # [R, C]
+    return torch.full_like(scores, FILTER_VALUE).scatter_(1, ids, kept)  # [R, V]
+
+
+def top_p_sorted(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-p with a full ascending sort (transformers' TopPLogitsWarper, per-row p)."""
     sorted_scores, sorted_ids = torch.sort(scores, dim=-1, descending=False)  # [R, V]
     cum_probs = sorted_scores.softmax(dim=-1).cumsum(dim=-1)  # [R, V]
     sorted_remove = cum_probs <= (1 - top_p).unsqueeze(1)  # [R, V]

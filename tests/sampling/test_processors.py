@@ -12,6 +12,7 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
+from pytgi.sampling import processors
 from pytgi.sampling.metadata import SamplingMetadata
 from pytgi.sampling.processors import (
     apply_frequency_penalty,
@@ -110,6 +111,19 @@ def test_top_p_matches_transformers(temperature):
     hf = [TopPLogitsWarper(p) for p in top_p]
     torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
     assert (torch.isfinite(ours).sum(-1) >= 1).all()
+
+
+def test_top_p_on_candidates_and_full_sort_fallback_match_transformers(monkeypatch):
+    monkeypatch.setattr(processors, "TOP_P_CANDIDATES", 16)
+    scores = random_scores(6, seed=4)
+    scores[:3] *= 4  # peaked: the nucleus lies within the 16 best tokens
+    scores[3:] *= 0.1  # flat: the nucleus reaches further, these rows take the full sort
+    top_p = [0.5, 0.9, 0.95, 0.5, 0.9, 0.3]
+    top16_mass = scores.softmax(-1).topk(16).values.sum(-1)  # [6]
+    assert (top16_mass[:3] > 0.95).all() and (top16_mass[3:] < 0.3).all()
+    ours = apply_top_p(scores, torch.tensor(top_p))
+    hf = [TopPLogitsWarper(p) for p in top_p]
+    torch.testing.assert_close(ours, hf_rows(hf, scores), rtol=0, atol=0)
 
 
 def test_typical_p_matches_transformers():
