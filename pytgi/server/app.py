@@ -1,0 +1,85 @@
+"""`create_app`: the FastAPI application serving TGI's HTTP API (contract §2) on an `Infer`.
+
+The launcher builds the engine, the router's `Infer` and the configs, calls `create_app`, flips
+`app.state.health` (`HealthState`) through `starting → ready → draining/dead`, and runs uvicorn.
+Middleware, outermost first: CORS → API key → drain gate → body limit → routes. The OpenAPI
+document is generated from the routes, titled and versioned as TGI's, at `/api-doc/openapi.json`
+(also `/openapi.json`), with Swagger UI at `/docs`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from pytgi import metrics
+from pytgi.config import CacheInfo, ServerConfig
+from pytgi.engine.client import EngineClient
+from pytgi.server import completions, openai_routes, sagemaker, tgi_routes
+from pytgi.server.context import TGI_VERSION, ServerContext
+from pytgi.server.errors import install_error_handlers
+from pytgi.server.health import Health, HealthState
+from pytgi.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, GateMiddleware
+from pytgi.server.sse import DEFAULT_KEEP_ALIVE_S
+
+if TYPE_CHECKING:  # the router is only called through these methods
+    from pytgi.router.infer import Infer
+
+OPENAPI_URL = "/api-doc/openapi.json"
+
+
+def create_app(
+    infer: Infer,
+    engine: EngineClient,
+    config: ServerConfig,
+    cache_info: CacheInfo,
+    *,
+    model_info: dict[str, Any],
+    health: HealthState | None = None,
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+) -> FastAPI:
+    """Build the app. `health` defaults to `ready` (the launcher opens the port after warm-up)."""
+    ctx = ServerContext(
+        infer=infer,
+        engine=engine,
+        config=config,
+        cache_info=cache_info,
+        model_info=dict(model_info),
+        health=health or HealthState(Health.READY),
+        keep_alive_s=keep_alive_s,
+    )
+    metrics.configure(ctx.max_input_tokens, ctx.max_total_tokens)
+    metrics.tgi_batch_max_total_tokens.set(cache_info.max_batch_total_tokens)
+    app = FastAPI(
+        title="Text Generation Inference",
+        description="Text Generation Webserver",
+        version=TGI_VERSION,
+        license_info={"name": "Apache 2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
+        openapi_url=OPENAPI_URL,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    app.state.health = ctx.health
+    for module in (tgi_routes, openai_routes, completions, sagemaker):
+        app.include_router(module.router)
+    app.add_api_route("/openapi.json", app.openapi, methods=["GET"], include_in_schema=False)
+    install_error_handlers(app)
+    _add_middleware(app, config, ctx.health)
+    return app
+
+
+def _add_middleware(app: FastAPI, config: ServerConfig, health: HealthState) -> None:
+    # Starlette wraps in reverse order of addition: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, limit_bytes=config.limits.payload_limit)
+    app.add_middleware(GateMiddleware, health=health)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(config.cors_allow_origin) or ["*"],
+        allow_methods=["GET", "POST"],
+        allow_headers=["content-type", "authorization"],
+    )

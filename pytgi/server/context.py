@@ -1,0 +1,93 @@
+"""`ServerContext`: what every route needs, built once by `create_app` (in `app.state.ctx`).
+
+`model_info` (from the launcher) may carry: `model_id`, `model_sha`, `model_pipeline_tag`, `sha`,
+`docker_label`, `validation_workers`, `compute_type`. Missing keys fall back to the configs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+from pytgi.config import CacheInfo, ServerConfig
+from pytgi.engine.client import EngineClient
+from pytgi.server.headers import DEFAULT_COMPUTE_TYPE
+from pytgi.server.health import HealthState
+from pytgi.server.protocol import Info
+from pytgi.version import __version__
+
+if TYPE_CHECKING:  # the router is only called through these methods
+    from pytgi.router.infer import Infer
+
+TGI_VERSION = "3.3.6-dev0"  # the TGI release whose API we serve (/info.version, OpenAPI)
+DEFAULT_VALIDATION_WORKERS = 2
+
+
+@dataclass
+class ServerContext:
+    infer: Infer
+    engine: EngineClient
+    config: ServerConfig
+    cache_info: CacheInfo
+    model_info: dict[str, Any]
+    health: HealthState
+    keep_alive_s: float
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def model_id(self) -> str:
+        return self.model_info.get("model_id") or self.config.model_id
+
+    @property
+    def compute_type(self) -> str:
+        return self.model_info.get("compute_type") or DEFAULT_COMPUTE_TYPE
+
+    @property
+    def system_fingerprint(self) -> str:
+        return f"{TGI_VERSION}-{self.model_info.get('docker_label') or 'native'}"
+
+    @property
+    def max_input_tokens(self) -> int:
+        limit = self.config.limits.max_input_tokens
+        return limit if limit is not None else self.cache_info.max_input_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        limit = self.config.limits.max_total_tokens
+        return limit if limit is not None else self.cache_info.max_total_tokens
+
+    def info(self) -> Info:
+        limits, cache = self.config.limits, self.cache_info
+        return Info(
+            model_id=self.model_id,
+            model_sha=self.model_info.get("model_sha") or self.config.model_sha,
+            model_pipeline_tag=self.model_info.get("model_pipeline_tag"),
+            max_concurrent_requests=limits.max_concurrent_requests,
+            max_best_of=limits.max_best_of,
+            max_stop_sequences=limits.max_stop_sequences,
+            max_input_tokens=self.max_input_tokens,
+            max_total_tokens=self.max_total_tokens,
+            validation_workers=self.model_info.get(
+                "validation_workers", DEFAULT_VALIDATION_WORKERS
+            ),
+            max_client_batch_size=limits.max_client_batch_size,
+            version=TGI_VERSION,
+            sha=self.model_info.get("sha"),
+            docker_label=self.model_info.get("docker_label"),
+            pytgi_version=__version__,
+            max_batch_total_tokens=cache.max_batch_total_tokens,
+            max_top_n_tokens=limits.max_top_n_tokens,
+            kv_cache={
+                "num_blocks": cache.num_blocks,
+                "block_size": cache.block_size,
+                "dtype": cache.dtype,
+                "device": cache.device,
+            },
+        )
+
+
+def get_context(request: Request) -> ServerContext:
+    return request.app.state.ctx

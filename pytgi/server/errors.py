@@ -1,0 +1,93 @@
+"""Errors → HTTP: TGI's status codes and `{"error", "error_type"}` bodies (contract §2.2).
+
+Typed `PytgiError`s carry their own status and `error_type`. Body problems never reach a route:
+unreadable JSON → 400, a body of the wrong shape → 422, a non-JSON content type → 415 (TGI's
+JSON extractor answers the same statuses as plain text; we keep the JSON shape clients parse).
+Nothing here puts a traceback, a path or a secret in a body; unexpected exceptions are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from pytgi.errors import OverloadedError, PytgiError
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # sent with 429: the openai client waits this long before its retries
+
+
+def error_body(message: str, error_type: str) -> dict[str, str]:
+    return {"error": message, "error_type": error_type}
+
+
+def error_response(status: int, message: str, error_type: str, **headers: str) -> JSONResponse:
+    return JSONResponse(error_body(message, error_type), status_code=status, headers=headers)
+
+
+def pytgi_error_response(exc: PytgiError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if isinstance(exc, OverloadedError) else {}
+    return error_response(exc.status_code, exc.message, exc.error_type, **headers)
+
+
+def openai_stream_error(exc: PytgiError) -> dict[str, Any]:
+    """TGI's in-stream error event on the OpenAI routes: always `http_status_code: 422`."""
+    return {"error": {"message": exc.message, "http_status_code": 422}}
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or "body"
+
+
+def describe_validation_errors(errors: list[dict[str, Any]]) -> str:
+    """`loc: message` pairs, like serde's `Failed to deserialize…` text, without echoing input."""
+    described = "; ".join(f"{_location(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors)
+    return f"Failed to deserialize the JSON body into the target type: {described}"
+
+
+def _is_json_content_type(request: Request) -> bool:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+async def _on_request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if request.method == "POST" and not _is_json_content_type(request):
+        return error_response(
+            415,
+            "Expected request with `Content-Type: application/json`",
+            "unsupported_media_type",
+        )
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = errors[0].get("ctx", {}).get("error", "invalid JSON")
+        return error_response(400, f"Failed to parse the request body as JSON: {detail}", "json")
+    return error_response(422, describe_validation_errors(errors), "validation")
+
+
+async def _on_pytgi_error(request: Request, exc: PytgiError) -> JSONResponse:
+    return pytgi_error_response(exc)
+
+
+async def _on_http_exception(request: Request, exc: HTTPException) -> JSONResponse:
+    message = exc.detail if isinstance(exc.detail, str) else "Request error"
+    error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+    return error_response(exc.status_code, message, error_type, **(exc.headers or {}))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(500, "Internal server error", "internal")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_request_validation)
+    app.add_exception_handler(PytgiError, _on_pytgi_error)
+    app.add_exception_handler(HTTPException, _on_http_exception)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,207 @@
+"""OpenAI-compatible chat: `/v1/chat/completions`, `/chat_tokenize`, `/v1/models` (contract §2.7).
+
+The chat template is rendered by the router (in a worker thread: templates come from model files
+and must not stall the event loop). Template and tool errors answer HTTP 422 before any stream
+starts; once streaming, errors are TGI's `{"error": {"message", "http_status_code"}}` event
+followed by `data: [DONE]`. Tool mode is handled here: parse the call (non-streaming) or stream it
+(`tool_stream`); a `no_tool` answer re-runs the request without tools, as TGI does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import ValidationError as PydanticValidationError
+from starlette.concurrency import run_in_threadpool
+
+from pytgi import metrics
+from pytgi.errors import PytgiError, ToolError, ValidationError
+from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails, StreamEvent
+from pytgi.router.params import GrammarParam
+from pytgi.server.chat_format import ChatChunks, chat_completion, usage
+from pytgi.server.context import ServerContext, get_context
+from pytgi.server.errors import openai_stream_error
+from pytgi.server.headers import generation_headers, stream_headers
+from pytgi.server.openai_protocol import ChatRequest, response_format_grammar
+from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
+from pytgi.server.responses import JSONBody
+from pytgi.server.sse import DONE, EventStreamResponse, data_frame
+from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
+from pytgi.server.tool_stream import ToolCallStreamer, stream_tool_call_id
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter()
+
+NO_TOOL = "no_tool"
+
+
+def _grammar(req: ChatRequest) -> GrammarParam | None:
+    try:
+        return response_format_grammar(req.response_format)
+    except PydanticValidationError as exc:
+        detail = "; ".join(str(e.get("msg")) for e in exc.errors())
+        raise ValidationError(
+            f"Input validation error: invalid `response_format`: {detail}"
+        ) from None
+
+
+async def render(ctx: ServerContext, req: ChatRequest, *, with_tools: bool = True) -> ChatPrompt:
+    tools = req.tool_dicts() if with_tools else None
+    return await run_in_threadpool(
+        ctx.infer.render_chat,
+        req.message_dicts(),
+        tools=tools,
+        tool_choice=req.tool_choice if with_tools else None,
+        tool_prompt=req.tool_prompt,
+        response_format=_grammar(req),
+    )
+
+
+def _no_tool_request(req: ChatRequest) -> ChatRequest:
+    return req.model_copy(update={"tools": None, "tool_choice": None})
+
+
+async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> JSONBody:
+    params = req.generate_parameters(prompt.grammar)
+    gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
+    tool_call = None
+    if prompt.uses_tools:
+        tool_call = ctx.infer.parse_tool_call(gen.generated_text)
+        if tool_call.name == NO_TOOL:
+            plain = _no_tool_request(req)
+            prompt = await render(ctx, plain, with_tools=False)
+            gen = await _generate_plain(ctx, plain, prompt)
+            tool_call = None
+    body = chat_completion(ctx, gen, tool_call=tool_call, logprobs=req.logprobs)
+    headers = generation_headers(
+        ctx.compute_type, prompt.text, gen.timings, gen.input_length, gen.generated_tokens
+    )
+    return JSONBody(body, headers=headers)
+
+
+async def _generate_plain(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> Generation:
+    metrics.tgi_request_count.inc()
+    params = req.generate_parameters(prompt.grammar)
+    return await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
+
+
+async def _content_frames(
+    ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt, chunks: ChatChunks
+) -> AsyncIterator[str]:
+    params = req.generate_parameters(prompt.grammar)
+    stream = ctx.infer.generate_stream(prompt.text, params, add_special_tokens=False)
+    final: StreamDetails | None = None
+    try:
+        async for event in stream:
+            yield data_frame(chunks.content(event, logprobs=req.logprobs))
+            final = event.details or final
+    finally:
+        await stream.aclose()
+    if req.include_usage and final is not None:
+        yield data_frame(chunks.usage(usage(final.input_length, final.generated_tokens)))
+
+
+async def _tool_frames(
+    ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt, chunks: ChatChunks
+) -> AsyncIterator[str]:
+    params = req.generate_parameters(prompt.grammar)
+    stream = ctx.infer.generate_stream(prompt.text, params, add_special_tokens=False)
+    streamer = ToolCallStreamer()
+    call_id = stream_tool_call_id(req.message_dicts())
+    last: StreamEvent | None = None
+    try:
+        async for last in stream:
+            pieces = streamer.feed(last.text_delta)
+            if streamer.name == NO_TOOL:
+                break
+            for name, fragment in pieces:
+                yield data_frame(chunks.tool_call(call_id, name, fragment))
+    finally:
+        await stream.aclose()
+    if streamer.name == NO_TOOL:
+        plain = _no_tool_request(req)
+        metrics.tgi_request_count.inc()
+        async for frame in _content_frames(ctx, plain, await render(ctx, plain), chunks):
+            yield frame
+        return
+    async for frame in _tool_tail(req, streamer, chunks, call_id, last):
+        yield frame
+
+
+async def _tool_tail(
+    req: ChatRequest,
+    streamer: ToolCallStreamer,
+    chunks: ChatChunks,
+    call_id: str,
+    last: StreamEvent | None,
+) -> AsyncIterator[str]:
+    """The last argument fragment with the finish reason, then the usage chunk."""
+    details = last.details if last is not None else None
+    fragments = streamer.finish()
+    if details is None or streamer.name is None:
+        raise ToolError("Tool error: Failed to parse generated text: no function call found")
+    fragment = "".join(f for _, f in fragments)
+    yield data_frame(chunks.tool_call(call_id, None, fragment, finish=details.finish_reason))
+    if req.include_usage:
+        yield data_frame(chunks.usage(usage(details.input_length, details.generated_tokens)))
+
+
+async def chat_frames(
+    ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt
+) -> AsyncIterator[str]:
+    chunks = ChatChunks(ctx)
+    frames = _tool_frames if prompt.uses_tools else _content_frames
+    source = frames(ctx, req, prompt, chunks)
+    try:
+        async for frame in source:
+            yield frame
+    except PytgiError as exc:
+        yield data_frame(openai_stream_error(exc))
+    except Exception:
+        logger.exception("chat stream failed")
+        yield data_frame(openai_stream_error(PytgiError("Internal server error")))
+    finally:
+        await source.aclose()
+    yield DONE
+
+
+async def chat(ctx: ServerContext, req: ChatRequest):
+    metrics.tgi_request_count.inc()
+    prompt = await render(ctx, req)
+    if not req.stream:
+        return await chat_json(ctx, req, prompt)
+    return EventStreamResponse(
+        chat_frames(ctx, req, prompt),
+        headers=stream_headers(ctx.compute_type, prompt.text),
+        keep_alive_s=ctx.keep_alive_s,
+    )
+
+
+@router.post(
+    "/v1/chat/completions",
+    operation_id="chat_completions",
+    responses={**SSE_RESPONSE, **ERRORS},
+)
+async def post_chat_completions(req: ChatRequest, ctx: ServerContext = Depends(get_context)):
+    return await chat(ctx, req)
+
+
+@router.post(
+    "/chat_tokenize", operation_id="get_chat_tokenize", response_model=ChatTokenizeResponse
+)
+async def post_chat_tokenize(req: ChatRequest, ctx: ServerContext = Depends(get_context)):
+    metrics.tgi_request_count.inc()
+    prompt = await render(ctx, req)
+    spans = await ctx.infer.tokenize(prompt.text, add_special_tokens=False)
+    tokens = [SimpleToken.from_span(s) for s in spans]
+    return JSONBody(ChatTokenizeResponse(tokenize_response=tokens, templated_text=prompt.text))
+
+
+@router.get("/v1/models", operation_id="openai_get_model_info")
+async def get_models(ctx: ServerContext = Depends(get_context)) -> dict[str, Any]:
+    model = {"id": ctx.model_id, "object": "model", "created": 0, "owned_by": ctx.model_id}
+    return {"object": "list", "data": [model]}

@@ -1,0 +1,57 @@
+"""SageMaker's `POST /invocations` (TGI §2.1): one route for the three request kinds.
+
+Like TGI's untagged enum, the body is tried as a generate request (`inputs`), then a chat request
+(`messages`), then a completions request (`prompt`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+
+from pytgi.server.completions import completions
+from pytgi.server.context import ServerContext, get_context
+from pytgi.server.errors import error_response
+from pytgi.server.openai_protocol import ChatRequest, CompletionRequest
+from pytgi.server.openai_routes import chat
+from pytgi.server.protocol import CompatGenerateRequest
+from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE, compat_generate
+
+router = APIRouter()
+
+_KINDS: list[tuple[str, type[BaseModel]]] = [
+    ("inputs", CompatGenerateRequest),
+    ("messages", ChatRequest),
+    ("prompt", CompletionRequest),
+]
+
+
+def _parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(body)
+    except PydanticValidationError as exc:
+        raise RequestValidationError(exc.errors(include_input=False)) from None
+
+
+@router.post(
+    "/invocations",
+    operation_id="sagemaker_compatibility",
+    responses={**SSE_RESPONSE, **ERRORS},
+)
+async def post_invocations(
+    body: dict[str, Any] = Body(...), ctx: ServerContext = Depends(get_context)
+):
+    for key, model in _KINDS:
+        if key in body:
+            req = _parse(model, body)
+            if isinstance(req, CompatGenerateRequest):
+                return await compat_generate(ctx, req)
+            if isinstance(req, ChatRequest):
+                return await chat(ctx, req)
+            return await completions(ctx, req)
+    message = "Failed to deserialize the JSON body: expected `inputs`, `messages` or `prompt`"
+    return error_response(422, message, "validation")
