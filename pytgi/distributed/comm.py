@@ -1,0 +1,55 @@
+"""Collectives over the tensor-parallel group. Each is a no-op (or identity) on a single rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pytgi.distributed.parallel_state import get_tp_info
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum `x` over ranks, in place; returns `x`."""
+    if get_tp_info().world_size > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim` (all ranks get the result)."""
+    world_size = get_tp_info().world_size
+    if world_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=dim)
+
+
+def tp_gather_to_first_rank(x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
+    """Concatenate every rank's `x` along `dim` on rank 0; other ranks get None."""
+    info = get_tp_info()
+    if info.world_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(info.world_size)] if info.rank == 0 else None
+    dist.gather(x.contiguous(), parts, dst=0)
+    return torch.cat(parts, dim=dim) if info.rank == 0 else None
+
+
+def tp_broadcast_object(obj: Any = None) -> Any:
+    """Send a picklable object from rank 0 to all ranks; every rank returns it."""
+    if get_tp_info().world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def tp_min(value: int) -> int:
+    """The minimum of an integer over ranks (e.g. the KV blocks every rank can hold)."""
+    if get_tp_info().world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())

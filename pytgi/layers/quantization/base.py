@@ -1,0 +1,63 @@
+"""The quantization strategy interface held by every linear layer.
+
+A `QuantConfig` (found from the checkpoint's `quantization_config` or `--quantize`) hands each
+linear layer a `LinearMethod`. The method creates the layer's weight parameters (in the layer's
+local shard shape), post-processes them after loading (repacking, transposes) and applies the
+matmul. Parallel layers stay one class whatever the format.
+
+Sharding contract: each parameter a method creates carries `output_dim` and/or `input_dim`
+attributes (the tensor dim that holds output features / input features, or None when it holds
+neither), so the layer's `weight_loader` knows which dimension of a checkpoint tensor to narrow for
+this rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+
+class LinearMethod(ABC):
+    """How one linear layer stores and applies its weight."""
+
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        params_dtype: torch.dtype,
+        weight_loader: Callable,
+    ) -> None:
+        """Register this rank's parameters on `layer` (output_partition_sizes: one per packed
+        shard).
+        """
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:  # noqa: B027
+        """Turn loaded checkpoint tensors into the layout `apply` wants (default: nothing to do)."""
+
+    @abstractmethod
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [T, in_per_partition] -> [T, out_per_partition]."""
+
+
+class QuantConfig(ABC):
+    """A quantization format: which `LinearMethod` each linear layer uses."""
+
+    name: str
+
+    @abstractmethod
+    def get_linear_method(self, prefix: str) -> LinearMethod:
+        """The method for the linear layer at `prefix` (formats may leave some modules unquantized).
+        """
+
+
+def set_weight_attrs(param: torch.nn.Parameter, **attrs) -> None:
+    """Attach loader metadata (weight_loader, output_dim, input_dim) to a parameter."""
+    for key, value in attrs.items():
+        assert not hasattr(param, key), f"parameter already has attribute {key!r}"
+        setattr(param, key, value)

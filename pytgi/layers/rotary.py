@@ -1,0 +1,160 @@
+"""Rotary position embeddings (neox / rotate-half layout) and their scaling variants.
+
+`get_rope(...)` builds one `RotaryEmbedding` per model. Its forward maps the step's positions to
+(cos, sin) once per step; every attention layer then calls `apply_rotary`. The inverse frequencies
+of each variant (`ROPE_SCALINGS`: default, linear, dynamic, yarn, llama3) follow the published
+formulas and are checked against transformers' `ROPE_INIT_FUNCTIONS`.
+
+Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
+frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
+Within max_position_embeddings this is exactly plain RoPE (transformers agrees), and beyond it it is
+what transformers' generate() does token by token with a KV cache. It never depends on the batch,
+the chunking or the other requests, so cached K/V (and prefix-cache hits) stay valid. It differs
+from transformers only for a single prefill longer than max_position_embeddings, which transformers
+rotates with the frequencies of the whole prompt's length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pytgi.errors import ModelLoadError
+
+
+def default_inv_freq(dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim/2]
+    return 1.0 / (base**exponents)
+
+
+def _linear(dim, base, max_position, scaling):
+    return default_inv_freq(dim, base) / scaling["factor"], 1.0
+
+
+def _dynamic(dim, base, max_position, scaling, seq_len: int | None = None):
+    seq_len = max(seq_len or max_position, max_position)
+    factor = scaling["factor"]
+    base = base * ((factor * seq_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
+    return default_inv_freq(dim, base), 1.0
+
+
+def _llama3(dim, base, max_position, scaling):
+    inv_freq = default_inv_freq(dim, base)
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths are interpolated by `factor`, short ones kept, the band between blended
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_mid = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_mid, blended, scaled), 1.0
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(dim, base, max_position, scaling):
+    factor = scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or max_position
+    attn_factor = scaling.get("attention_factor")
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if attn_factor is None and mscale and mscale_all_dim:
+        attn_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    elif attn_factor is None:
+        attn_factor = _yarn_mscale(factor)
+
+    def correction_dim(num_rotations: float) -> float:
+        return dim * math.log(original / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction_dim(scaling.get("beta_fast") or 32)
+    high = correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = default_inv_freq(dim, base)
+    interpolated = extrapolated / factor
+    keep = 1 - ramp  # 1 = high-frequency dims that keep their original frequency
+    return interpolated * (1 - keep) + extrapolated * keep, float(attn_factor)
+
+
+ROPE_SCALINGS = {
+    "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
+    "linear": _linear,
+    "dynamic": _dynamic,
+    "llama3": _llama3,
+    "yarn": _yarn,
+}
+
+
+class RotaryEmbedding(nn.Module):
+    """positions -> (cos, sin) [T, 1, rotary_dim] for `apply_rotary`, from a table grown on demand.
+    """
+
+    def __init__(self, rotary_dim: int, base: float, max_position: int, scaling: dict | None):
+        super().__init__()
+        self.rotary_dim, self.base, self.max_position = rotary_dim, base, max_position
+        self.scaling = scaling or {"rope_type": "default"}
+        self.rope_type = self.scaling.get("rope_type", "default")
+        if self.rope_type not in ROPE_SCALINGS:
+            raise ModelLoadError(
+                f"unsupported rope_scaling type '{self.rope_type}' "
+                f"(supported: {', '.join(sorted(ROPE_SCALINGS))})"
+            )
+        self._build_table(max_position)
+
+    def _inv_freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Frequencies for each position: [dim/2] shared by all, or [L, dim/2] (dynamic)."""
+        fn = ROPE_SCALINGS[self.rope_type]
+        if self.rope_type != "dynamic":
+            return fn(self.rotary_dim, self.base, self.max_position, self.scaling)
+        rows = [
+            fn(self.rotary_dim, self.base, self.max_position, self.scaling, int(p) + 1)[0]
+            for p in positions[self.max_position :]
+        ]
+        inv_freq = fn(self.rotary_dim, self.base, self.max_position, self.scaling)[0]
+        head = inv_freq.expand(min(len(positions), self.max_position), -1)
+        return torch.cat([head, *(r.unsqueeze(0) for r in rows)]), 1.0
+
+    def _build_table(self, length: int) -> None:
+        positions = torch.arange(length)
+        inv_freq, attn_factor = self._inv_freqs(positions)
+        freqs = positions.float().unsqueeze(1) * inv_freq  # [L, dim/2]
+        cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
+        self.cos_table = torch.cat([cos, cos], dim=-1)  # [L, dim]
+        # rotate-half folded into a sign: x * cos + swap_halves(x) * [-sin | sin]
+        self.sin_table = torch.cat([-sin, sin], dim=-1)  # [L, dim]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """positions [T] -> (cos, signed sin), each [T, 1, rotary_dim] in `dtype`."""
+        if positions.numel() and int(positions.max()) >= self.cos_table.shape[0]:
+            self._build_table(max(int(positions.max()) + 1, 2 * self.cos_table.shape[0]))
+        cos = self.cos_table.index_select(0, positions).to(dtype).unsqueeze(1)  # [T, 1, dim]
+        sin = self.sin_table.index_select(0, positions).to(dtype).unsqueeze(1)  # [T, 1, dim]
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated in its first rotary_dim features (rotate-half layout)."""
+    rotary_dim = cos.shape[-1]
+    rot = x[..., :rotary_dim]
+    half = rotary_dim // 2
+    swapped = rot.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # [T, h, rd] = [x2 | x1]
+    out = rot * cos + swapped * sin  # [T, h, rd]
+    if rotary_dim == x.shape[-1]:
+        return out
+    return torch.cat([out, x[..., rotary_dim:]], dim=-1)
+
+
+def get_rope(
+    head_dim: int, rotary_dim: int, max_position: int, base: float, scaling: dict | None
+) -> RotaryEmbedding:
+    assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
+    return RotaryEmbedding(rotary_dim, base, max_position, scaling)

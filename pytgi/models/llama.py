@@ -1,0 +1,82 @@
+"""Llama-family causal LM: Llama 2/3/3.x, CodeLlama, Mistral, Qwen2, Qwen3 and Granite (registry
+aliases with flags on `ModelSpec`). Parameter names follow the HF checkpoints except the fused
+`qkv_proj` and `gate_up_proj` (see `packed_modules_mapping`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pytgi.layers.norm import RMSNorm
+from pytgi.layers.quantization.base import QuantConfig
+from pytgi.layers.rotary import get_rope
+from pytgi.models.blocks import DecoderLayer
+from pytgi.models.config import ModelSpec
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None = None):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
+        self.embedding_multiplier = spec.embedding_multiplier
+        self.rotary_emb = get_rope(
+            spec.head_dim,
+            spec.rotary_dim,
+            spec.max_position_embeddings,
+            spec.rope_theta,
+            spec.rope_scaling,
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, i, quant_config, prefix=f"model.layers.{i}")
+            for i in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        hidden = self.embed_tokens(input_ids)  # [T, hidden]
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
+        cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, 1, rotary_dim] each
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin)
+        return self.norm(hidden, residual)[0]
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint module name -> (fused parameter module, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None = None):
+        super().__init__()
+        self.model = LlamaModel(spec, quant_config)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tie_word_embeddings = spec.tie_word_embeddings
+        self.logits_scaling = spec.logits_scaling
+
+    def is_ignored_weight(self, name: str) -> bool:
+        """Checkpoint tensors with no parameter here: stale rotary buffers, a tied head's copy."""
+        return "rotary_emb.inv_freq" in name or (
+            self.tie_word_embeddings and name == "lm_head.weight"
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden [N, hidden] -> logits [N, vocab] on rank 0 (None on other ranks)."""
+        logits = self.lm_head.compute_logits(hidden)
+        if logits is not None and self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        return logits

@@ -1,0 +1,117 @@
+"""Worker: one tensor-parallel rank. Joins the process group, owns a ModelRunner, and (ranks > 0)
+follows rank 0's steps: each SchedulerOutput arrives by broadcast, None means shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from pytgi.backends.selector import select_platform
+from pytgi.config import CacheInfo, EngineConfig
+from pytgi.distributed.comm import tp_broadcast_object, tp_min
+from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+from pytgi.engine.outputs import ModelOutput, SchedulerOutput
+from pytgi.errors import ModelLoadError
+from pytgi.worker.model_runner import ModelRunner
+from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, rank: int):
+        self.config = config
+        self.rank = rank
+        world_size = config.parallel.num_shard
+        self.platform = select_platform()
+        num_threads = config.num_threads
+        if num_threads is None and world_size > 1 and self.platform.name == "cpu":
+            num_threads = max(1, (os.cpu_count() or 1) // world_size)  # ranks share the cores
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        if world_size > 1:
+            init_distributed(
+                rank,
+                world_size,
+                config.parallel.master_addr,
+                config.parallel.master_port,
+                self.platform.dist_backend,
+            )
+        self.runner = ModelRunner(config, self.platform)
+
+    def initialize(self, model_dir: Path) -> CacheInfo:
+        """Load, warm up, size and allocate the KV cache; every rank ends with the same num_blocks.
+        """
+        t0 = time.perf_counter()
+        self.runner.load_model(model_dir)
+        t1 = time.perf_counter()
+        prefill_tokens = min(
+            self.config.scheduler.max_batch_prefill_tokens, MAX_WARMUP_PREFILL_TOKENS
+        )
+        self.runner.warm_up(prefill_tokens)
+        t2 = time.perf_counter()
+        num_blocks = tp_min(self._num_blocks())
+        if num_blocks < 1:
+            raise ModelLoadError(
+                "not enough memory for a single KV cache block; lower the model "
+                "size or raise --max-kv-cache-bytes / memory fraction"
+            )
+        self.runner.allocate_kv_cache(num_blocks)
+        t3 = time.perf_counter()
+        logger.info(
+            "rank %d ready: load %.2fs, warm-up (%d prefill tokens) %.2fs, KV alloc %.2fs",
+            self.rank,
+            t1 - t0,
+            prefill_tokens,
+            t2 - t1,
+            t3 - t2,
+        )
+        return self._cache_info(num_blocks, warmup_s=t2 - t1)
+
+    def _num_blocks(self) -> int:
+        cache, scheduler = self.config.cache, self.config.scheduler
+        if cache.num_blocks is not None:
+            return cache.num_blocks
+        if scheduler.max_batch_total_tokens is not None:
+            return scheduler.max_batch_total_tokens // cache.block_size
+        return self.runner.profile_num_blocks()
+
+    def _cache_info(self, num_blocks: int, warmup_s: float) -> CacheInfo:
+        block_size = self.config.cache.block_size
+        max_position = self.runner.spec.max_position_embeddings
+        max_total = min(num_blocks * block_size, max_position)
+        return CacheInfo(
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_total_tokens=max_total,
+            max_input_tokens=max_total - 1,
+            max_batch_total_tokens=num_blocks * block_size,
+            max_position_embeddings=max_position,
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            device=self.platform.name,
+            warmup_s=warmup_s,
+        )
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput | None:
+        return self.runner.execute(scheduler_output)
+
+    def shutdown(self) -> None:
+        self.runner.free_kv_cache()
+        destroy_distributed()
+
+
+def run_worker(config: EngineConfig, rank: int, model_dir: Path) -> None:
+    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor)."""
+    from pytgi.utils.logging import setup_logging
+
+    setup_logging()
+    worker = Worker(config, rank)
+    worker.initialize(model_dir)
+    while (scheduler_output := tp_broadcast_object()) is not None:
+        worker.execute(scheduler_output)
+    worker.shutdown()
