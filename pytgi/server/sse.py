@@ -19,6 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from pytgi.server.responses import dumps
@@ -36,10 +37,11 @@ def data_frame(payload: Any) -> str:
     return f"data: {dumps(payload)}\n\n"
 
 
-class EventStreamResponse:
+class EventStreamResponse(Response):
     """An ASGI response streaming SSE frames (strings) from `frames`."""
 
     media_type = "text/event-stream"
+    charset = "utf-8"
 
     def __init__(
         self,
@@ -48,18 +50,16 @@ class EventStreamResponse:
         headers: Mapping[str, str] | None = None,
         keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
     ):
+        # Response.__init__ is not called: it would render a body and set content-length
         self.frames = frames
         self.keep_alive_s = keep_alive_s
-        self.headers = {
-            "content-type": "text/event-stream; charset=utf-8",
-            "cache-control": "no-cache",
-            "x-accel-buffering": "no",
-            **(headers or {}),
-        }
+        self.status_code = 200
+        self.background = None
+        fixed = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        self.init_headers({**fixed, **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         queue: asyncio.Queue[Any] = asyncio.Queue()  # unbounded: at most one frame per token
         producer = asyncio.create_task(self._produce(queue))
         watcher = asyncio.create_task(_wait_for_disconnect(receive))
