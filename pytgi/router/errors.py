@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytgi.errors import GenerationError, ToolError, ValidationError
+from pytgi.errors import GenerationError, IncompleteGenerationError, ToolError, ValidationError
 
 
 def input_error(message: str) -> ValidationError:
@@ -18,3 +18,12 @@ def generation_error(detail: str) -> GenerationError:
 def tool_error(message: str) -> ToolError:
     """422 `tool_error`: "Tool error: <message>"."""
     return ToolError(f"Tool error: {message}")
+
+
+class IncompleteStreamError(IncompleteGenerationError):
+    """A stream ended without its final token (TGI: `incomplete_generation_stream`)."""
+
+    error_type = "incomplete_generation_stream"
+
+    def __init__(self, message: str = "Incomplete generation stream"):
+        super().__init__(message)

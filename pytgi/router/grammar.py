@@ -64,13 +64,13 @@ def _json_schema_wrapper(value: Any) -> dict[str, Any]:
 def _check_schema(schema: dict[str, Any]) -> dict[str, Any]:
     if "properties" not in schema:
         raise input_error("grammar is not valid: Grammar must have a 'properties' field")
-    problem = _schema_problem(schema)
+    problem = schema_problem(schema)
     if problem:
         raise input_error(f"grammar is not valid: {problem}")
     return schema
 
 
-def _schema_problem(node: Any, path: str = "#") -> str | None:
+def schema_problem(node: Any, path: str = "#") -> str | None:
     """The first structural error in a JSON schema (types, properties, items, required), if any."""
     if isinstance(node, bool):
         return None
@@ -90,7 +90,7 @@ def _schema_problem(node: Any, path: str = "#") -> str | None:
     children = [(f"{path}/properties/{k}", v) for k, v in props.items()]
     children += _subschemas(node, path)
     for child_path, child in children:
-        problem = _schema_problem(child, child_path)
+        problem = schema_problem(child, child_path)
         if problem:
             return problem
     return None

@@ -124,16 +124,19 @@ class StreamEvent:
 
 @dataclass
 class ChatPrompt:
-    """A rendered chat request, ready for `Infer.generate(text, params, add_special_tokens=False)`.
+    """A rendered chat request, for `Infer.generate(text, params, add_special_tokens=False)`.
 
-    `grammar` is the `response_format` or the tool grammar (set it as `params.grammar`);
-    `tool_names` is non-empty when the request is in tool mode: parse the output with
-    `Infer.parse_tool_call`.
+    Set `params.grammar = grammar`: the `response_format`, or in tool mode the tool grammar when
+    the engine can enforce it (else None: the model is only asked, by the prompt, to emit the
+    call). `tool_names` is non-empty in tool mode: parse the output with
+    `Infer.parse_tool_call(text, prompt)`. `tool_mode` is "auto", "required" or "named".
     """
 
     text: str
     grammar: GrammarParam | None = None
     tool_names: tuple[str, ...] = ()
+    tool_grammar: GrammarParam | None = None
+    tool_mode: str | None = None
 
     @property
     def uses_tools(self) -> bool:

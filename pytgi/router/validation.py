@@ -18,7 +18,7 @@ from pytgi.engine.sampling_params import SamplingParams, StoppingParams
 from pytgi.router.errors import input_error
 from pytgi.router.grammar import NOT_SUPPORTED, GrammarSpec, parse_grammar
 from pytgi.router.params import GenerateParameters
-from pytgi.tokenizer.tokenizer import Tokenizer
+from pytgi.tokenizer.tokenizer import Encoded, Tokenizer
 
 # TGI schedules max_new_tokens in chunks of this size and validates only the first chunk (§3.2)
 MAX_NEW_TOKENS_CHUNK = 1024
@@ -100,7 +100,7 @@ class Validator:
         if inputs == "":
             raise input_error("`inputs` cannot be empty")
         truncate = self._check_truncate(params.truncate)
-        ids = await self._tokenize(inputs, add_special_tokens)
+        ids = (await self.encode(inputs, add_special_tokens=add_special_tokens)).ids
         if truncate is not None:
             ids = ids[-truncate:]
         max_new_tokens = self._check_lengths(len(ids), params.max_new_tokens)
@@ -175,15 +175,14 @@ class Validator:
             )
         return truncate
 
-    async def _tokenize(self, inputs: str, add_special_tokens: bool) -> list[int]:
-        """Off the event loop: a long prompt must not stall other streams."""
+    async def encode(self, inputs: str, *, add_special_tokens: bool = True) -> Encoded:
+        """Tokenize off the event loop (a long prompt must not stall other streams)."""
         try:
-            encoded = await asyncio.to_thread(
+            return await asyncio.to_thread(
                 self.tokenizer.encode, inputs, add_special_tokens=add_special_tokens
             )
         except (TypeError, ValueError, UnicodeError) as exc:
             raise input_error(f"tokenizer error {exc}") from exc
-        return encoded.ids
 
     def _check_lengths(self, input_length: int, max_new_tokens: int | None) -> int:
         """TGI's two token-limit checks; returns the max_new_tokens the engine runs with."""

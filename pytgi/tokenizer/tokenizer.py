@@ -57,6 +57,9 @@ class Tokenizer:
         )
         self.eos_token_ids = eos_token_ids or _single(self.eos_token_id)
         self.model_max_length = _max_length(config.get("model_max_length"))
+        # where the chat template is looked up (set by from_dir)
+        self.model_dir: Path | None = None
+        self.config_path: Path | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, *, config_path: str | Path | None = None) -> Tokenizer:
@@ -71,6 +74,8 @@ class Tokenizer:
         tok = cls(backend, config, eos_ids)
         if not tok.eos_token_ids and isinstance(eos, int):
             tok.eos_token_ids = (eos,)
+        tok.model_dir = model_dir
+        tok.config_path = Path(config_path) if config_path else None
         return tok
 
     @property
