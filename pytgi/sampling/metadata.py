@@ -37,14 +37,13 @@ class RowParams:
 
 @dataclass(frozen=True)
 class PenaltyInputs:
-    """Token histories (prompt + generated) of the rows with a repetition or frequency penalty."""
+    """The distinct (row, token) pairs in the histories (prompt + generated) of penalised rows."""
 
-    rows: torch.Tensor | None  # [P] int64 batch rows; None = every row
-    num_rows: int  # P
-    flat_index: torch.Tensor  # [N] int64: row_in_P * V + token_id for every history token
-    seq_lens: torch.Tensor  # [P] float32: prompt + generated tokens
-    repetition_penalty: torch.Tensor | None  # [P]; None when 1.0 for every row
-    frequency_penalty: torch.Tensor | None  # [P]; None when 0.0 for every row
+    token_index: torch.Tensor  # [U] int64: batch_row * V + token_id, each pair once
+    counts: torch.Tensor  # [U] float32: occurrences of the token in the row's history
+    seq_lens: torch.Tensor  # [U] float32: the row's prompt + generated tokens
+    repetition_penalty: torch.Tensor | None  # [U] the row's penalty; None when 1.0 for every row
+    frequency_penalty: torch.Tensor | None  # [U] the row's penalty; None when 0.0 for every row
 
 
 @dataclass(frozen=True)
@@ -138,24 +137,25 @@ def build_row_params(
 def build_penalties(
     requests: list[ScheduledRequest], vocab_size: int, device
 ) -> PenaltyInputs | None:
-    rows = [i for i, r in enumerate(requests) if has_penalty(r.sampling)]
-    if not rows:
+    """Count each row's history tokens on the CPU (no device sync), then move the pairs over."""
+    picked = [(i, r) for i, r in enumerate(requests) if has_penalty(r.sampling)]
+    if not picked:
         return None
-    picked = [requests[i] for i in rows]
-    lens = [len(r.prompt_ids) + len(r.output_ids) for r in picked]
-    token_ids = list(chain.from_iterable(chain(r.prompt_ids, r.output_ids) for r in picked))
-    token_ids = torch.tensor(token_ids, dtype=torch.int64, device=device)  # [N]
-    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)  # [P]
-    row_of_token = torch.repeat_interleave(torch.arange(len(rows), device=device), lens_t)  # [N]
-    rep = [r.sampling.repetition_penalty for r in picked]
-    freq = [r.sampling.frequency_penalty for r in picked]
+    histories = [chain(r.prompt_ids, r.output_ids) for _, r in picked]
+    token_ids = torch.tensor(list(chain.from_iterable(histories)), dtype=torch.int64)  # [N]
+    lens = torch.tensor([len(r.prompt_ids) + len(r.output_ids) for _, r in picked])  # [P]
+    slots = torch.arange(len(picked)).repeat_interleave(lens)  # [N] row within P
+    pairs, counts = torch.unique(slots * vocab_size + token_ids, return_counts=True)  # [U]
+    slot_of_pair = pairs // vocab_size  # [U]
+    batch_rows = torch.tensor([i for i, _ in picked])  # [P]
+    rep = [r.sampling.repetition_penalty for _, r in picked]
+    freq = [r.sampling.frequency_penalty for _, r in picked]
     return PenaltyInputs(
-        rows=index_tensor(rows, len(requests), device),
-        num_rows=len(rows),
-        flat_index=row_of_token * vocab_size + token_ids,  # [N]
-        seq_lens=lens_t.to(torch.float32),  # [P]
-        repetition_penalty=optional_tensor(rep, 1.0, device),
-        frequency_penalty=optional_tensor(freq, 0.0, device),
+        token_index=(batch_rows[slot_of_pair] * vocab_size + pairs % vocab_size).to(device),
+        counts=counts.to(device=device, dtype=torch.float32),
+        seq_lens=lens[slot_of_pair].to(device=device, dtype=torch.float32),
+        repetition_penalty=per_pair(rep, 1.0, slot_of_pair, device),
+        frequency_penalty=per_pair(freq, 0.0, slot_of_pair, device),
     )
 
 
@@ -163,10 +163,13 @@ def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
 
 
-def optional_tensor(values: list[float], neutral: float, device) -> torch.Tensor | None:
+def per_pair(
+    values: list[float], neutral: float, slot_of_pair: torch.Tensor, device
+) -> torch.Tensor | None:
+    """A per-row parameter spread over its (row, token) pairs [U]; None if neutral everywhere."""
     if all(v == neutral for v in values):
         return None
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return torch.tensor(values, dtype=torch.float32)[slot_of_pair].to(device)  # [U]
 
 
 def index_tensor(rows: list[int], num_rows: int, device) -> torch.Tensor | None:

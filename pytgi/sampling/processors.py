@@ -1,10 +1,11 @@
-"""Batched logits processors: penalties and warpers, as pure functions over rows of scores.
+"""Batched logits processors: penalties and warpers, as pure functions.
 
-Each function takes `scores` [R, V] float32 and one parameter per row [R] and returns new
-scores; rows whose parameter is the neutral value (penalty 1.0 / 0.0, temperature 1.0) come back
-unchanged. The semantics match TGI (`utils/logits_process.py`) and transformers'
-`*LogitsWarper`s; filtered tokens get -inf. The Sampler picks the rows each processor applies to
-(see `SamplingMetadata`).
+The penalties work on the logits of the tokens each row has seen, one entry per distinct (row,
+token) [U], so their cost follows the history length, not the vocabulary. The warpers take
+`scores` [R, V] float32 and one parameter per row [R] and return new scores; rows whose parameter
+is neutral (temperature 1.0) come back unchanged. The semantics match TGI
+(`utils/logits_process.py`) and transformers' `*LogitsWarper`s; filtered tokens get -inf. The
+Sampler picks the rows each processor applies to (see `SamplingMetadata`).
 """
 
 from __future__ import annotations
@@ -15,40 +16,25 @@ FILTER_VALUE = -float("inf")
 TOP_P_CANDIDATES = 1024  # tokens top-p looks at before falling back to a full sort
 
 
-def compute_token_counts(flat_index: torch.Tensor, num_rows: int, vocab_size: int) -> torch.Tensor:
-    """How often each id occurs in each row's history.
+def apply_repetition_penalty(logits: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """CTRL/HF repetition penalty: logit<0 → ×p, else ÷p.
 
-    `flat_index` [N] holds `row * vocab_size + token_id` for every history token of every row.
-    Returns counts [num_rows, V] float32 (exact: counts stay far below 2**24).
+    Applied to the logits of the tokens a row has seen (prompt + generated), gathered as one entry
+    per distinct (row, token): logits, penalty [U] → [U]. Unlike TGI's batch tensor (right-padded
+    with id 0), only ids that really occur are penalised.
     """
-    counts = torch.zeros(num_rows * vocab_size, dtype=torch.float32, device=flat_index.device)
-    ones = torch.ones_like(flat_index, dtype=torch.float32)  # [N]
-    counts.index_add_(0, flat_index, ones)
-    return counts.view(num_rows, vocab_size)  # [R, V]
-
-
-def apply_repetition_penalty(
-    scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor
-) -> torch.Tensor:
-    """CTRL/HF repetition penalty on every id seen in the row's history: logit<0 → ×p, else ÷p.
-
-    Unlike TGI's batch tensor (right-padded with id 0), only ids that really occur are penalised.
-    """
-    p = penalty.unsqueeze(1)  # [R, 1]
-    penalised = torch.where(scores < 0, scores * p, scores / p)  # [R, V]
-    return torch.where(counts > 0, penalised, scores)  # [R, V]
+    return torch.where(logits < 0, logits * penalty, logits / penalty)  # [U]
 
 
 def apply_frequency_penalty(
-    scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor, seq_lens: torch.Tensor
+    logits: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor, seq_lens: torch.Tensor
 ) -> torch.Tensor:
-    """TGI's frequency penalty: `logit -= p * count(token) / L`.
+    """TGI's frequency penalty: `logit -= p * count(token) / L`, per distinct (row, token) [U].
 
     TGI divides by the padded batch length; we divide by the request's own sequence length
     (prompt + generated so far), so a request's scores do not depend on its batch neighbours.
     """
-    freq = counts / seq_lens.unsqueeze(1)  # [R, V]
-    return scores - freq * penalty.unsqueeze(1)  # [R, V]
+    return logits - (counts / seq_lens) * penalty  # [U]
 
 
 def apply_temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

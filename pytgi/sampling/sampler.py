@@ -28,7 +28,6 @@ from pytgi.sampling.processors import (
     apply_top_k,
     apply_top_p,
     apply_typical_p,
-    compute_token_counts,
 )
 from pytgi.sampling.watermark import Watermark
 
@@ -72,10 +71,10 @@ class Sampler:
 
     def process(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Apply this batch's logits processors and warpers, in TGI's order: [B, V] → [B, V]."""
-        scores = logits.clone()  # rows are rewritten in place below; the caller's logits are kept
+        # rows are rewritten in place below; the caller's logits are kept
+        scores = logits.clone(memory_format=torch.contiguous_format)  # [B, V]
         if md.any_watermark:
-            rows = md.watermark_rows
-            scores[rows] = self.watermark(scores[rows], md.watermark_prev_tokens)  # [W, V]
+            scores = self.apply_watermark(scores, md)
         if md.penalties is not None:
             scores = apply_penalties(scores, md.penalties)
         if md.temperature is not None:
@@ -89,21 +88,25 @@ class Sampler:
                 scores = params.apply(scores, warp)
         return scores
 
+    def apply_watermark(self, scores: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        rows, prev_tokens = md.watermark_rows, md.watermark_prev_tokens
+        if len(rows) == md.num_rows:
+            return self.watermark(scores, prev_tokens)  # [B, V]
+        scores[rows] = self.watermark(scores[rows], prev_tokens)  # [W, V]
+        return scores
+
 
 def apply_penalties(scores: torch.Tensor, penalties: PenaltyInputs) -> torch.Tensor:
-    """Repetition then frequency penalty on the rows that have one: [B, V] → [B, V]."""
-    picked = scores if penalties.rows is None else scores[penalties.rows]  # [P, V]
-    vocab_size = scores.shape[-1]
-    counts = compute_token_counts(penalties.flat_index, penalties.num_rows, vocab_size)  # [P, V]
+    """Repetition then frequency penalty, in place at the (row, token) pairs of the histories."""
+    flat_scores = scores.view(-1)  # [B * V], a view: scores is the Sampler's own contiguous copy
+    logits = flat_scores[penalties.token_index]  # [U]
     if penalties.repetition_penalty is not None:
-        picked = apply_repetition_penalty(picked, counts, penalties.repetition_penalty)
+        logits = apply_repetition_penalty(logits, penalties.repetition_penalty)
     if penalties.frequency_penalty is not None:
-        picked = apply_frequency_penalty(
-            picked, counts, penalties.frequency_penalty, penalties.seq_lens
+        logits = apply_frequency_penalty(
+            logits, penalties.counts, penalties.frequency_penalty, penalties.seq_lens
         )
-    if penalties.rows is None:
-        return picked
-    scores[penalties.rows] = picked
+    flat_scores[penalties.token_index] = logits  # pairs are distinct: a plain scatter
     return scores
 
 

@@ -46,6 +46,5 @@ class Watermark:
 
     def __call__(self, scores: torch.Tensor, prev_tokens: list[int]) -> torch.Tensor:
         """scores [R, V], prev_tokens[i] = last token of row i's history → biased scores [R, V]."""
-        masks = torch.stack([self.greenlist_mask(t) for t in prev_tokens])  # [R, V]
-        bias = masks.to(device=scores.device, dtype=scores.dtype) * self.delta  # [R, V]
-        return scores + bias
+        masks = torch.stack([self.greenlist_mask(t) for t in prev_tokens])  # [R, V] bool
+        return scores.add(masks.to(scores.device), alpha=self.delta)  # [R, V]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from pytgi.sampling.metadata import SamplingMetadata
 
 from .conftest import build_request
@@ -41,19 +39,24 @@ def test_row_params_cover_all_rows_without_indices():
     assert md.top_k.rows is None and md.top_k.values.tolist() == [2, 3]
 
 
-def test_penalty_histories():
+def test_penalty_pairs():
     requests = [
-        build_request(prompt_ids=[3, 4], output_ids=[5], repetition_penalty=1.2),
+        build_request(prompt_ids=[3, 4], output_ids=[4], repetition_penalty=1.5),
         build_request(),
-        build_request(prompt_ids=[7], output_ids=[7, 8], frequency_penalty=0.5),
+        build_request(prompt_ids=[7], output_ids=[7, 8, 7], frequency_penalty=0.5),
     ]
-    md = SamplingMetadata.from_requests(requests, VOCAB, "cpu")
-    penalties = md.penalties
-    assert penalties.rows.tolist() == [0, 2] and penalties.num_rows == 2
-    assert penalties.flat_index.tolist() == [3, 4, 5, VOCAB + 7, VOCAB + 7, VOCAB + 8]
-    assert penalties.seq_lens.tolist() == [3.0, 3.0]
-    assert penalties.repetition_penalty.tolist() == [1.2000000476837158, 1.0]
-    torch.testing.assert_close(penalties.frequency_penalty, torch.tensor([0.0, 0.5]))
+    penalties = SamplingMetadata.from_requests(requests, VOCAB, "cpu").penalties
+    assert penalties.token_index.tolist() == [3, 4, 2 * VOCAB + 7, 2 * VOCAB + 8]
+    assert penalties.counts.tolist() == [1.0, 2.0, 3.0, 1.0]
+    assert penalties.seq_lens.tolist() == [3.0, 3.0, 4.0, 4.0]
+    assert penalties.repetition_penalty.tolist() == [1.5, 1.5, 1.0, 1.0]
+    assert penalties.frequency_penalty.tolist() == [0.0, 0.0, 0.5, 0.5]
+
+
+def test_no_frequency_tensor_when_unused():
+    requests = [build_request(repetition_penalty=1.2)]
+    penalties = SamplingMetadata.from_requests(requests, VOCAB, "cpu").penalties
+    assert penalties.frequency_penalty is None and penalties.repetition_penalty is not None
 
 
 def test_watermark_previous_token():

@@ -21,7 +21,6 @@ from pytgi.sampling.processors import (
     apply_top_k,
     apply_top_p,
     apply_typical_p,
-    compute_token_counts,
 )
 from pytgi.sampling.sampler import Sampler
 
@@ -45,43 +44,57 @@ def hf_rows(processors, scores: torch.Tensor, histories=None) -> torch.Tensor:
     return torch.cat(rows)  # [B, V]
 
 
-def counts_of(histories: list[list[int]], vocab: int = VOCAB) -> torch.Tensor:
-    flat = torch.tensor([i * vocab + t for i, h in enumerate(histories) for t in h])
-    return compute_token_counts(flat, len(histories), vocab)
-
-
-def test_token_counts():
-    counts = counts_of([[5, 5, 7], [7]])
-    assert counts[0, 5] == 2 and counts[0, 7] == 1 and counts[1, 7] == 1
-    assert counts.sum() == 4
+def penalised(scores: torch.Tensor, requests: list) -> torch.Tensor:
+    md = SamplingMetadata.from_requests(requests, scores.shape[-1], "cpu")
+    return Sampler(scores.shape[-1]).process(scores, md)
 
 
 def test_repetition_penalty_matches_transformers():
-    histories = [[3, 3, 9, 100], [4, 250], [1, 2, 3, 4, 5, 6], [7]]
-    penalties = [1.3, 0.7, 2.0, 1.0]
-    scores = random_scores(4)
-    ours = apply_repetition_penalty(scores, counts_of(histories), torch.tensor(penalties))
+    histories = [[3, 3, 9, 100], [4, 250], [1, 2, 3, 4, 5, 6], [7], [250, 3, 3]]
+    penalties = [1.3, 0.7, 2.0, 1.0, 1.1]
+    requests = [
+        build_request(prompt_ids=h[:1], output_ids=h[1:], repetition_penalty=p)
+        for h, p in zip(histories, penalties, strict=True)
+    ]
+    scores = random_scores(5)
     hf = [RepetitionPenaltyLogitsProcessor(penalty=p) for p in penalties]
-    torch.testing.assert_close(ours, hf_rows(hf, scores, histories), rtol=0, atol=0)
+    expected = hf_rows(hf, scores, histories)
+    torch.testing.assert_close(penalised(scores, requests), expected, rtol=0, atol=0)
 
 
 def test_repetition_penalty_leaves_unseen_id_zero_alone():
     scores = random_scores(2)
-    out = apply_repetition_penalty(scores, counts_of([[5], [5, 6, 7]]), torch.tensor([2.0, 2.0]))
+    requests = [
+        build_request(prompt_ids=[5], repetition_penalty=2.0),
+        build_request(prompt_ids=[5, 6], output_ids=[7], repetition_penalty=2.0),
+    ]
+    out = penalised(scores, requests)
     assert torch.equal(out[:, 0], scores[:, 0])  # TGI's padding bug would hit id 0 here
+    assert not torch.equal(out[1, 7], scores[1, 7])
 
 
 def test_frequency_penalty_by_hand():
-    histories = [[5, 5, 5, 8], [9, 9]]
-    scores = random_scores(2)
-    out = apply_frequency_penalty(
-        scores, counts_of(histories), torch.tensor([0.5, 2.0]), torch.tensor([4.0, 2.0])
-    )
+    requests = [
+        build_request(prompt_ids=[5, 5], output_ids=[5, 8], frequency_penalty=0.5),
+        build_request(prompt_ids=[1]),
+        build_request(prompt_ids=[9], output_ids=[9, 4], frequency_penalty=2.0),
+    ]
+    scores = random_scores(3)
     expected = scores.clone()
     expected[0, 5] -= 0.5 * 3 / 4
     expected[0, 8] -= 0.5 * 1 / 4
-    expected[1, 9] -= 2.0 * 2 / 2
-    torch.testing.assert_close(out, expected)
+    expected[2, 9] -= 2.0 * 2 / 3
+    expected[2, 4] -= 2.0 * 1 / 3
+    torch.testing.assert_close(penalised(scores, requests), expected)
+
+
+def test_penalty_processors_elementwise():
+    logits = torch.tensor([-2.0, 3.0, 0.0])
+    penalty = torch.tensor([2.0, 2.0, 2.0])
+    assert apply_repetition_penalty(logits, penalty).tolist() == [-4.0, 1.5, 0.0]
+    counts, lens = torch.tensor([1.0, 4.0, 2.0]), torch.tensor([4.0, 4.0, 8.0])
+    out = apply_frequency_penalty(logits, counts, penalty, lens)
+    assert out.tolist() == [-2.5, 1.0, -0.5]
 
 
 def test_temperature_matches_transformers():
