@@ -128,17 +128,19 @@ def test_top_k_one_sampling_equals_greedy():
     assert all(t.logprob == 0.0 for t in out)
 
 
-@pytest.mark.parametrize("seed", [0, 77])
-def test_two_token_frequencies_follow_probabilities(seed):
-    num_draws = 4000
-    logits = torch.log(torch.tensor([[0.3, 0.7]])).expand(num_draws, 2)  # [N, 2]
+@pytest.mark.parametrize("base_seed", [0, 10_000])
+def test_two_token_frequencies_follow_probabilities(base_seed):
     requests = [
-        build_request(prompt_ids=[0], output_ids=[1] * k, do_sample=True, seed=seed)
-        for k in range(num_draws)
+        build_request(prompt_ids=[0], output_ids=[1] * k, do_sample=True, seed=base_seed + s)
+        for s in range(200)
+        for k in range(20)
     ]
+    logits = torch.log(torch.tensor([[0.3, 0.7]])).expand(len(requests), 2)  # [N, 2]
     out = Sampler(2)(logits, requests)
-    frequency = sum(t.token_id for t in out) / num_draws
-    assert abs(frequency - 0.7) < 0.03  # ~4 standard deviations
+    frequency = sum(t.token_id for t in out) / len(requests)
+    assert abs(frequency - 0.7) < 0.03  # ~4 standard deviations over 4000 draws
+    per_step = [sum(out[s * 20 + k].token_id for s in range(200)) / 200 for k in range(20)]
+    assert max(abs(f - 0.7) for f in per_step) < 0.15  # every step k draws afresh
     logprob_of = {t.token_id: t.logprob for t in out}
     assert logprob_of[1] == pytest.approx(torch.log(torch.tensor(0.7)).item(), abs=1e-6)
 
