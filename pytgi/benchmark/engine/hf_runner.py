@@ -1,0 +1,124 @@
+"""The baseline: Hugging Face transformers `generate` on the same checkpoint, prompts and threads.
+
+Two ways to serve a workload without continuous batching:
+- sequential: one request at a time, in order (later requests wait, as on such a server);
+- static: one padded batch (left padding + attention mask) that runs until the longest output
+  is done.
+Greedy, EOS suppressed with `min_new_tokens = max_new_tokens`, so every request gets its full
+output. Token times come from a streamer that stamps every forward's tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from pytgi.benchmark.engine import contention
+from pytgi.benchmark.engine.trace import RequestTrace, RunTrace
+from pytgi.benchmark.engine.workloads import Workload
+
+
+class _StepClock(BaseStreamer):
+    """Records when each forward's tokens come out (the first `put` is the prompt)."""
+
+    def __init__(self):
+        self.times_s: list[float] = []
+        self._saw_prompt = False
+
+    def put(self, value) -> None:
+        if self._saw_prompt:
+            self.times_s.append(time.perf_counter())
+        self._saw_prompt = True
+
+    def end(self) -> None:
+        pass
+
+
+class HfRunner:
+    def __init__(self, model_dir: Path, dtype: str):
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # no per-call warnings in the benchmark's output
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model.eval()
+        config = self.model.generation_config
+        candidates = (config.pad_token_id, _first(config.eos_token_id), 0)
+        self.pad_id = next(i for i in candidates if i is not None)
+        self.attn_implementation = self.model.config._attn_implementation
+
+    def run_sequential(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
+        trace = _new_trace("hf_sequential", workload)
+        cpu_start, start_s = contention.snapshot(), time.perf_counter()
+        for request, prompt_ids in zip(trace.requests, prompts, strict=True):
+            request_start_s = time.perf_counter()
+            times_s = self._generate([prompt_ids], request.output_len)
+            request.token_times_s = [t - start_s for t in times_s]
+            _add_phases(trace, [request], request_start_s - start_s, request.token_times_s)
+        return _finish(trace, start_s, cpu_start)
+
+    def run_static(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
+        trace = _new_trace("hf_static", workload)
+        max_output = max(r.output_len for r in trace.requests)
+        cpu_start, start_s = contention.snapshot(), time.perf_counter()
+        times_s = [t - start_s for t in self._generate(prompts, max_output)]
+        for request in trace.requests:
+            request.token_times_s = times_s[: request.output_len]
+        _add_phases(trace, trace.requests, 0.0, times_s)
+        return _finish(trace, start_s, cpu_start)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[list[int]], num_new_tokens: int) -> list[float]:
+        input_ids, attention_mask = self._left_pad(prompts)
+        clock = _StepClock()
+        self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=num_new_tokens,
+            min_new_tokens=num_new_tokens,
+            do_sample=False,
+            pad_token_id=self.pad_id,
+            streamer=clock,
+        )
+        return clock.times_s
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, T]
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, T]
+        for row, prompt_ids in enumerate(prompts):
+            input_ids[row, width - len(prompt_ids) :] = torch.tensor(prompt_ids)
+            attention_mask[row, width - len(prompt_ids) :] = 1
+        return input_ids, attention_mask
+
+
+def _first(value):
+    return value[0] if isinstance(value, list) else value
+
+
+def _new_trace(system: str, workload: Workload) -> RunTrace:
+    return RunTrace(system, [RequestTrace(r.prompt_len, r.output_len) for r in workload.requests])
+
+
+def _add_phases(
+    trace: RunTrace, requests: list[RequestTrace], start_s: float, step_times_s: list[float]
+) -> None:
+    """One generate call: the prefill forward up to its first token, then one decode step per token.
+
+    A static batch keeps stepping for padded rows; those steps count as time, their tokens do not.
+    """
+    trace.num_prefill_tokens += sum(r.prompt_len for r in requests)
+    trace.prefill_time_s += step_times_s[0] - start_s
+    trace.num_decode_tokens += sum(r.output_len - 1 for r in requests)
+    trace.decode_time_s += step_times_s[-1] - step_times_s[0]
+    trace.decode_step_s.extend(b - a for a, b in zip(step_times_s, step_times_s[1:], strict=False))
+
+
+def _finish(trace: RunTrace, start_s: float, cpu_start: contention.CpuSnapshot) -> RunTrace:
+    trace.wall_s = time.perf_counter() - start_s
+    trace.others = contention.others_fraction(cpu_start, contention.snapshot())
+    trace.check_complete()
+    return trace

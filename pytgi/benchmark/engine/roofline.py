@@ -1,0 +1,119 @@
+"""The roofline the benchmark compares against, measured in the same run.
+
+Machine: read bandwidth from a sum over a tensor far larger than the L3 cache, fp32 GEMM throughput
+from a square `torch.mm` (cpu-kernels.md §1). Model: parameter counts from the checkpoint's
+safetensors headers, giving the weight bytes one decode step must read and the matmul FLOPs of one
+prompt token.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pytgi.benchmark.engine import contention
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class MachineRoofline:
+    bandwidth_gb_s: float  # sustained read bandwidth
+    gemm_gflop_s: float  # fp32 torch.mm
+    num_threads: int
+    others: float | None  # contention while measuring
+
+
+@dataclass(frozen=True)
+class ModelFootprint:
+    num_params: int  # distinct tensors in the checkpoint (a tied head counted once)
+    num_embedding_params: int
+    num_head_params: int  # the LM head (the embedding matrix again when tied)
+    tied: bool
+    dtype_bytes: int  # bytes per weight in the compute dtype
+
+    @property
+    def num_matmul_params(self) -> int:
+        """Weights every token goes through: all but the embedding table and the LM head."""
+        stored_head = 0 if self.tied else self.num_head_params
+        return self.num_params - self.num_embedding_params - stored_head
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes read per decode step: all layers and the LM head (embedding rows: negligible)."""
+        return (self.num_matmul_params + self.num_head_params) * self.dtype_bytes
+
+    @property
+    def prefill_flop_per_token(self) -> int:
+        """2 FLOP per matmul weight (the LM head runs once per prompt; attention is not counted)."""
+        return 2 * self.num_matmul_params
+
+
+def measure_bandwidth_gb_s(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    data = torch.ones(num_bytes // 4, dtype=torch.float32)
+    data.sum()  # first touch and warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return num_bytes / statistics.median(times) / 1e9
+
+
+def measure_gemm_gflop_s(size: int = 2048, repeats: int = 3) -> float:
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e9
+
+
+def measure_machine(num_bytes: int = 1 << 30, gemm_size: int = 2048) -> MachineRoofline:
+    start = contention.snapshot()
+    bandwidth = measure_bandwidth_gb_s(num_bytes)
+    gemm = measure_gemm_gflop_s(gemm_size)
+    others = contention.others_fraction(start, contention.snapshot())
+    return MachineRoofline(bandwidth, gemm, torch.get_num_threads(), others)
+
+
+def model_footprint(model_dir: Path, dtype: str) -> ModelFootprint:
+    from safetensors import safe_open
+
+    shapes: dict[str, int] = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shapes[name] = _numel(handle.get_slice(name).get_shape())
+    if not shapes:
+        raise FileNotFoundError(f"no .safetensors weights in {model_dir}")
+    embedding = sum(n for name, n in shapes.items() if name.endswith("embed_tokens.weight"))
+    head = sum(n for name, n in shapes.items() if name.endswith("lm_head.weight"))
+    tied = head == 0 and _tie_word_embeddings(model_dir)
+    return ModelFootprint(
+        num_params=sum(shapes.values()),
+        num_embedding_params=embedding,
+        num_head_params=embedding if tied else head,
+        tied=tied,
+        dtype_bytes=DTYPE_BYTES[dtype],
+    )
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _tie_word_embeddings(model_dir: Path) -> bool:
+    config = json.loads((model_dir / "config.json").read_text())
+    return bool(config.get("tie_word_embeddings", True))

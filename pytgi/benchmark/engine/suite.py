@@ -1,0 +1,207 @@
+"""The benchmark run: measure the machine, load both engines once, then run every workload.
+
+For each workload: untimed warm-ups, then `repeats` rounds; in each round every system (pytgi, then
+the transformers baselines) serves the same fresh random prompts, one system at a time, never
+concurrently. The reported figures are per-system medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pytgi.benchmark.engine.machine import machine_info
+from pytgi.benchmark.engine.metrics import RunMetrics, median_metrics, summarize
+from pytgi.benchmark.engine.roofline import (
+    MachineRoofline,
+    ModelFootprint,
+    measure_machine,
+    model_footprint,
+)
+from pytgi.benchmark.engine.trace import RunTrace
+from pytgi.benchmark.engine.workloads import Workload, random_prompts, warmup_workload
+
+BASELINES = ("hf_sequential", "hf_static")
+RATIO_METRICS = ("output_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms")
+
+Runner = Callable[[Workload, list[list[int]]], RunTrace]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model_id: str
+    workloads: tuple[Workload, ...]
+    dtype: str = "float32"
+    num_threads: int | None = None  # None: torch's default
+    baselines: tuple[str, ...] = BASELINES
+    warmup: int = 1
+    repeats: int = 1
+    seed: int = 0
+    max_batch_prefill_tokens: int | None = None
+    max_batch_size: int | None = None
+    bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
+
+
+@dataclass
+class CaseResult:
+    workload: Workload
+    runs: dict[str, list[RunMetrics]] = field(default_factory=dict)  # system → one per repeat
+
+    @property
+    def summary(self) -> dict[str, RunMetrics]:
+        return {system: median_metrics(runs) for system, runs in self.runs.items()}
+
+
+@dataclass
+class BenchResult:
+    options: BenchOptions
+    machine: dict
+    roofline: MachineRoofline
+    footprint: ModelFootprint
+    hf_attn_implementation: str | None
+    cases: list[CaseResult] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    wall_s: float = 0.0
+
+
+def run_suite(options: BenchOptions, log: Callable[[str], None] | None = None) -> BenchResult:
+    """Runs every workload of `options`; `log` gets one progress line per run (default: stderr)."""
+    log = log or _log_stderr
+    start_s = time.perf_counter()
+    model_dir = _model_dir(options.model_id)
+    if options.num_threads is not None:
+        torch.set_num_threads(options.num_threads)
+    footprint = model_footprint(model_dir, options.dtype)
+    log(f"measuring the roofline ({torch.get_num_threads()} threads)")
+    roofline = measure_machine(options.bandwidth_bytes)
+    log(f"bandwidth {roofline.bandwidth_gb_s:.1f} GB/s, GEMM {roofline.gemm_gflop_s:.1f} GFLOP/s")
+    runners, hf_attn, close = _load_runners(options, model_dir)
+    result = BenchResult(options, machine_info(), roofline, footprint, hf_attn)
+    try:
+        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        for workload in options.workloads:
+            traces = _run_case(workload, runners, options, vocab_size, log)
+            runs = {
+                name: [summarize(trace, footprint, roofline) for trace in system_traces]
+                for name, system_traces in traces.items()
+            }
+            result.cases.append(CaseResult(workload, runs))
+    finally:
+        close()
+    result.wall_s = time.perf_counter() - start_s
+    return result
+
+
+def _load_runners(options: BenchOptions, model_dir: Path):
+    from pytgi.benchmark.engine.pytgi_runner import PytgiRunner, create_engine
+
+    threads = torch.get_num_threads()
+    core = create_engine(
+        str(model_dir),
+        options.dtype,
+        threads,
+        options.max_batch_prefill_tokens,
+        options.max_batch_size,
+    )
+    _check_capacity(options, core.cache_info.max_total_tokens)
+    runners: dict[str, Runner] = {"pytgi": PytgiRunner(core).run}
+    hf_attn = None
+    if options.baselines:
+        from pytgi.benchmark.engine.hf_runner import HfRunner
+
+        hf = HfRunner(model_dir, options.dtype)
+        hf_attn = hf.attn_implementation
+        available = {"hf_sequential": hf.run_sequential, "hf_static": hf.run_static}
+        runners.update({name: available[name] for name in options.baselines})
+    return runners, hf_attn, core.shutdown
+
+
+def _run_case(
+    workload: Workload,
+    runners: dict[str, Runner],
+    options: BenchOptions,
+    vocab_size: int,
+    log: Callable[[str], None],
+) -> dict[str, list[RunTrace]]:
+    if len(workload.requests) == 1:  # a static batch of one is the sequential run again
+        runners = {name: runner for name, runner in runners.items() if name != "hf_static"}
+    warm = warmup_workload(workload)
+    for index in range(options.warmup):
+        for runner in runners.values():
+            runner(warm, random_prompts(warm, vocab_size, f"{options.seed}-{warm.name}-{index}"))
+    traces: dict[str, list[RunTrace]] = {name: [] for name in runners}
+    for repeat in range(options.repeats):
+        prompts = random_prompts(workload, vocab_size, f"{options.seed}-{workload.name}-{repeat}")
+        for name, runner in runners.items():
+            trace = runner(workload, prompts)
+            trace.check_complete()
+            traces[name].append(trace)
+            log(
+                f"[{workload.name}] repeat {repeat + 1}/{options.repeats} {name}: "
+                f"{trace.wall_s:.1f} s, {trace.num_output_tokens / trace.wall_s:.1f} output tok/s"
+            )
+    return traces
+
+
+def ratios(case: CaseResult) -> dict[str, dict[str, float]]:
+    """pytgi ÷ each baseline, per metric of RATIO_METRICS (throughput > 1 and TTFT < 1 are wins)."""
+    summary = case.summary
+    ours = summary["pytgi"]
+    return {
+        name: {m: _ratio(getattr(ours, m), getattr(theirs, m)) for m in RATIO_METRICS}
+        for name, theirs in summary.items()
+        if name != "pytgi"
+    }
+
+
+def target_verdicts(case: CaseResult) -> list[dict]:
+    """The issue's goals for this workload: the value reached, and whether it meets the goal."""
+    summary, verdicts = case.summary, []
+    for target in case.workload.targets:
+        if target.baseline == "roofline":
+            value = summary["pytgi"].decode_bw_fraction
+        elif target.baseline in summary:
+            ours, theirs = summary["pytgi"], summary[target.baseline]
+            value = _ratio(getattr(ours, target.metric), getattr(theirs, target.metric))
+        else:
+            continue
+        verdicts.append(
+            {
+                "metric": target.metric,
+                "baseline": target.baseline,
+                "min_ratio": target.min_ratio,
+                "value": value,
+                "met": value >= target.min_ratio,
+            }  # fmt: skip
+        )
+    return verdicts
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs else float("nan")
+
+
+def _check_capacity(options: BenchOptions, max_total_tokens: int) -> None:
+    for workload in options.workloads:
+        if workload.max_total_len > max_total_tokens:
+            raise ValueError(
+                f"workload {workload.name} needs {workload.max_total_len} tokens per request; "
+                f"the engine allows {max_total_tokens}"
+            )
+
+
+def _model_dir(model_id: str) -> Path:
+    from pytgi.config import ModelConfig
+    from pytgi.utils.hub import resolve_model_dir
+
+    return resolve_model_dir(ModelConfig(model_id=model_id))
+
+
+def _log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
