@@ -18,7 +18,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import PytgiError, ToolError, ValidationError
+from pytgi.errors import PytgiError, TemplateError, ToolError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails, StreamEvent
 from pytgi.router.params import GrammarParam
 from pytgi.server.chat_format import ChatChunks, chat_completion, usage
@@ -51,14 +51,18 @@ def _grammar(req: ChatRequest) -> GrammarParam | None:
 
 async def render(ctx: ServerContext, req: ChatRequest, *, with_tools: bool = True) -> ChatPrompt:
     tools = req.tool_dicts() if with_tools else None
-    return await run_in_threadpool(
-        ctx.infer.render_chat,
-        req.message_dicts(),
-        tools=tools,
-        tool_choice=req.tool_choice if with_tools else None,
-        tool_prompt=req.tool_prompt,
-        response_format=_grammar(req),
-    )
+    try:
+        return await run_in_threadpool(
+            ctx.infer.render_chat,
+            req.message_dicts(),
+            tools=tools,
+            tool_choice=req.tool_choice if with_tools else None,
+            tool_prompt=req.tool_prompt,
+            response_format=_grammar(req),
+        )
+    except TemplateError:
+        metrics.tgi_request_failure.labels(err="template").inc()
+        raise
 
 
 def _no_tool_request(req: ChatRequest) -> ChatRequest:
