@@ -117,7 +117,7 @@ class _DrainingServer:
 
             def handle_exit(self, sig, frame):
                 self.drained_by_signal = True
-                app.state.health.set_draining()
+                app.state.health.set("draining")
                 logger.info("Signal %s received: draining in-flight requests", sig)
                 super().handle_exit(sig, frame)
 
@@ -128,7 +128,7 @@ async def _supervise(server, app, engine) -> None:
     while True:
         await asyncio.sleep(0.5)
         if not engine.is_alive:
-            app.state.health.set_dead()
+            app.state.health.set("dead")
             logger.error("Shard failed: the engine process is gone")
             server.should_exit = True
             return
