@@ -9,6 +9,7 @@ followed by `data: [DONE]`. Tool mode is handled here: parse the call (non-strea
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,8 +19,8 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import PytgiError, TemplateError, ToolError, ValidationError
-from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails, StreamEvent
+from pytgi.errors import PytgiError, TemplateError, ValidationError
+from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.server.chat_format import ChatChunks, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
@@ -74,7 +75,7 @@ async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) ->
     gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
     tool_call = None
     if prompt.uses_tools:
-        tool_call = ctx.infer.parse_tool_call(gen.generated_text)
+        tool_call = ctx.infer.parse_tool_call(gen.generated_text, prompt)
         if tool_call.name == NO_TOOL:
             plain = _no_tool_request(req)
             prompt = await render(ctx, plain, with_tools=False)
@@ -112,46 +113,49 @@ async def _content_frames(
 async def _tool_frames(
     ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt, chunks: ChatChunks
 ) -> AsyncIterator[str]:
+    """Stream the call's arguments as they come; if the text never takes TGI's streamable form
+    (grammar not enforced), parse it whole at the end as the router does."""
     params = req.generate_parameters(prompt.grammar)
     stream = ctx.infer.generate_stream(prompt.text, params, add_special_tokens=False)
     streamer = ToolCallStreamer()
     call_id = stream_tool_call_id(req.message_dicts())
-    last: StreamEvent | None = None
+    text, details = "", None
     try:
-        async for last in stream:
-            pieces = streamer.feed(last.text_delta)
+        async for event in stream:
+            text += event.text_delta
+            details = event.details or details
+            pieces = streamer.feed(event.text_delta)
             if streamer.name == NO_TOOL:
                 break
             for name, fragment in pieces:
                 yield data_frame(chunks.tool_call(call_id, name, fragment))
     finally:
         await stream.aclose()
-    if streamer.name == NO_TOOL:
-        plain = _no_tool_request(req)
-        metrics.tgi_request_count.inc()
-        async for frame in _content_frames(ctx, plain, await render(ctx, plain), chunks):
+    name = streamer.name
+    if name is None:
+        call = ctx.infer.parse_tool_call(text, prompt)
+        name = call.name
+        if name != NO_TOOL:
+            arguments = json.dumps(call.arguments, ensure_ascii=False)
+            yield data_frame(chunks.tool_call(call_id, name, arguments))
+    if name == NO_TOOL:
+        async for frame in _rerun_without_tools(ctx, req, chunks):
             yield frame
         return
-    async for frame in _tool_tail(req, streamer, chunks, call_id, last):
-        yield frame
-
-
-async def _tool_tail(
-    req: ChatRequest,
-    streamer: ToolCallStreamer,
-    chunks: ChatChunks,
-    call_id: str,
-    last: StreamEvent | None,
-) -> AsyncIterator[str]:
-    """The last argument fragment with the finish reason, then the usage chunk."""
-    details = last.details if last is not None else None
-    fragments = streamer.finish()
-    if details is None or streamer.name is None:
-        raise ToolError("Tool error: Failed to parse generated text: no function call found")
-    fragment = "".join(f for _, f in fragments)
-    yield data_frame(chunks.tool_call(call_id, None, fragment, finish=details.finish_reason))
-    if req.include_usage:
+    fragment = "".join(f for _, f in streamer.finish())
+    reason = details.finish_reason if details is not None else None
+    yield data_frame(chunks.tool_call(call_id, None, fragment, finish=reason))
+    if req.include_usage and details is not None:
         yield data_frame(chunks.usage(usage(details.input_length, details.generated_tokens)))
+
+
+async def _rerun_without_tools(
+    ctx: ServerContext, req: ChatRequest, chunks: ChatChunks
+) -> AsyncIterator[str]:
+    metrics.tgi_request_count.inc()
+    plain = _no_tool_request(req)
+    async for frame in _content_frames(ctx, plain, await render(ctx, plain), chunks):
+        yield frame
 
 
 async def chat_frames(

@@ -188,7 +188,7 @@ class ScriptedInfer:
         names = tuple(t["function"]["name"] for t in tools or ()) if tool_choice != "none" else ()
         return ChatPrompt(text + "<|assistant|>\n", response_format, names)
 
-    def parse_tool_call(self, generated_text: str) -> ToolCall:
+    def parse_tool_call(self, generated_text: str, prompt: ChatPrompt | None = None) -> ToolCall:
         try:
             function = dict(json.loads(generated_text)["function"])
         except (ValueError, KeyError, TypeError) as exc:
