@@ -137,8 +137,10 @@ class Infer:
                         if builder.finished and i == len(steps) - 1:
                             timings = _timings(start, validated, builder.queue_s)
                             yield _final_event(index, step, builder, inputs, timings)
-                        else:
-                            yield StreamEvent(index, step.token, step.top_tokens, step.text_delta)
+                            return
+                        yield StreamEvent(index, step.token, step.top_tokens, step.text_delta)
+            # the engine finished without a token to carry the final event
+            raise IncompleteStreamError()
 
     async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[TokenSpan]:
         """TGI `/tokenize`: ids with their text and byte offsets into `inputs` (no truncation)."""

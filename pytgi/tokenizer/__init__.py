@@ -1,1 +1,1 @@
-"""pytgi.tokenizer"""
+"""Text ↔ ids: the HF fast tokenizer, sandboxed chat templates, incremental detokenization."""

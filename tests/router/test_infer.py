@@ -249,3 +249,16 @@ async def test_tokenize_spans(tokenizer, limits, cache_info, eos_script):
     assert spans[1].text == "He" and (spans[1].start, spans[1].stop) == (0, 2)
     no_special = await infer.tokenize("Hello", add_special_tokens=False)
     assert no_special[0].id != tokenizer.bos_token_id
+
+
+async def test_stream_finish_without_a_token_is_incomplete(tokenizer, limits, cache_info):
+    def script(req):
+        deltas = token_deltas(req, [70, 71], finish=None)
+        return deltas + [
+            RequestOutput(req.request_id, finished=True, finish_reason=FinishReason.LENGTH)
+        ]
+
+    infer, _ = make_infer(tokenizer, limits, cache_info, script)
+    assert (await infer.generate("Hello", P())).generated_tokens == 2
+    with pytest.raises(IncompleteGenerationError):
+        _ = [e async for e in infer.generate_stream("Hello", P())]
