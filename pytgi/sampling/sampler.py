@@ -8,10 +8,10 @@ log_softmax).
 
 Seeded sampling is batch-invariant and survives preemption: the request's k-th generated token is
 drawn by inverse CDF with one uniform number `u(seed, k)` (the k-th output of a splitmix64 stream
-seeded with `seed`), so the draw depends on nothing else, and not on the device either. TGI's
-exponential race needs an Exp(1) draw per vocabulary entry, which on CPU costs ~40 ns per entry and
-row (~5 ms per row at a 128k vocabulary); one uniform plus a float64 cumsum is an order of magnitude
-cheaper and samples the same distribution.
+seeded with `seed`), so the draw depends on nothing else; the random number does not even depend
+on the device. TGI's exponential race needs an Exp(1) draw per vocabulary entry, which on CPU costs
+tens of ns per entry and row (milliseconds per row at a 128k vocabulary); one uniform plus a
+float64 cumsum samples the same distribution several times faster.
 """
 
 from __future__ import annotations
