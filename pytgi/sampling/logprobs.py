@@ -23,8 +23,9 @@ def compute_top_n(
     if not rows:
         return top_ids, top_logprobs
     picked = logprobs if len(rows) == num_rows else logprobs[rows]  # [R, V]
-    n = torch.tensor([min(top_n[i], vocab_size) for i in rows], device=logprobs.device)  # [R]
-    max_n = int(n.max())
+    row_n = [min(top_n[i], vocab_size) for i in rows]
+    n = torch.tensor(row_n, device=logprobs.device)  # [R]
+    max_n = max(row_n)
     best = torch.topk(picked, max_n, dim=-1)  # [R, max_n], descending
     nth = best.values.gather(1, (n - 1).unsqueeze(1))  # [R, 1]
     nth = nth.clamp(min=torch.finfo(logprobs.dtype).min)  # -inf tokens never qualify
