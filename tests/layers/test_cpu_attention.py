@@ -1,0 +1,130 @@
+"""The CPU paged-attention backend against a direct per-query softmax reference: decode rows of
+different lengths, fresh prompts, chunked-prefill continuations and prefix-cache hits (blocks shared
+with another sequence), with and without a sliding window, fp32 and bf16 caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytgi.backends.cpu.attention import CpuAttentionBackend
+from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.sampling_params import SamplingParams
+from pytgi.worker.input_builder import InputBuilder
+
+BLOCK_SIZE, H, KVH, D = 4, 4, 2, 8
+SCALE = D**-0.5
+
+
+def reference(q, k, v, start: int, window: int | None) -> torch.Tensor:
+    """q [n, H, D] at positions start.., k/v [L, KVH, D] of the whole sequence -> [n, H, D]."""
+    k, v = k.repeat_interleave(H // KVH, dim=1), v.repeat_interleave(H // KVH, dim=1)
+    out = []
+    for i in range(q.shape[0]):
+        p = start + i
+        first = 0 if window is None else max(0, p - window + 1)
+        scores = torch.einsum("hd,lhd->hl", q[i], k[first : p + 1]) * SCALE  # [H, l]
+        out.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v[first : p + 1]))
+    return torch.stack(out)
+
+
+class Sequences:
+    def __init__(self, seed: int):
+        self.g = torch.Generator().manual_seed(seed)
+        self.qkv: dict[str, tuple[torch.Tensor, ...]] = {}
+        self.blocks: dict[str, list[int]] = {}
+        self.next_block = 0
+
+    def add(self, name: str, length: int, shared_from: str | None = None, shared_len: int = 0):
+        q, k, v = (torch.randn(length, n, D, generator=self.g) for n in (H, KVH, KVH))
+        blocks = []
+        if shared_from is not None:  # prefix-cache hit: same tokens, so the same K/V
+            k[:shared_len], v[:shared_len] = (t[:shared_len] for t in self.qkv[shared_from][1:])
+            blocks = self.blocks[shared_from][: shared_len // BLOCK_SIZE]
+        num_new = -(-length // BLOCK_SIZE) - len(blocks)
+        self.blocks[name] = blocks + list(range(self.next_block, self.next_block + num_new))
+        self.next_block += num_new
+        self.qkv[name] = (q, k, v)
+
+
+def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], window):
+    """rows: (name, start, end). Returns {name: out [n, H, D]} and checks them."""
+    requests = [
+        ScheduledRequest(
+            name, [0] * (end - start), start, seqs.blocks[name], True, SamplingParams(), [], []
+        )
+        for name, start, end in rows
+    ]
+    batch = InputBuilder(BLOCK_SIZE).build(SchedulerOutput(requests))
+    attn = batch.attn
+    q, k, v = (torch.empty(batch.num_tokens, n, D, dtype=cache[0].dtype) for n in (H, KVH, KVH))
+    order = sorted(range(len(rows)), key=lambda i: rows[i][2] - rows[i][1] > 1)
+    for slot, i in enumerate(order):
+        name, start, end = rows[i]
+        offset = attn.query_starts[slot]
+        for dst, src in zip((q, k, v), seqs.qkv[name], strict=True):
+            dst[offset : offset + end - start] = src[start:end]
+    out = backend.forward(q, k, v, cache, backend.build_metadata(attn), SCALE, window)
+    for slot, i in enumerate(order):
+        name, start, end = rows[i]
+        offset = attn.query_starts[slot]
+        sq, sk, sv = seqs.qkv[name]
+        expected = reference(sq[start:end], sk[:end], sv[:end], start, window)
+        tol = 1e-5 if cache[0].dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(
+            out[offset : offset + end - start].float(),
+            expected,
+            rtol=tol,
+            atol=tol,
+            msg=f"{name} [{start}, {end})",
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 3, 6])
+def test_mixed_steps_match_reference(window, dtype):
+    torch.set_num_threads(1)
+    backend = CpuAttentionBackend()
+    shape = backend.kv_cache_shape(32, BLOCK_SIZE, KVH, D)
+    cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+    seqs = Sequences(seed=0)
+    seqs.add("a", 14)
+    seqs.add("b", 6)
+    seqs.add("c", 13)
+    seqs.add("solo", 1)
+    if dtype == torch.bfloat16:
+        for name, (q, k, v) in seqs.qkv.items():
+            seqs.qkv[name] = tuple(t.bfloat16().float() for t in (q, k, v))
+    run_step(backend, cache, seqs, [("a", 0, 10), ("b", 0, 3), ("c", 0, 7), ("solo", 0, 1)], window)
+    seqs.add("d", 12, shared_from="a", shared_len=8)  # two full blocks of "a"
+    seqs.add("e", 9)
+    if dtype == torch.bfloat16:
+        seqs.qkv["d"] = tuple(t.bfloat16().float() for t in seqs.qkv["d"])
+        seqs.qkv["e"] = tuple(t.bfloat16().float() for t in seqs.qkv["e"])
+    run_step(
+        backend,
+        cache,
+        seqs,
+        [("c", 7, 13), ("b", 3, 4), ("d", 8, 12), ("a", 10, 11), ("e", 0, 9)],
+        window,
+    )
+    run_step(backend, cache, seqs, [("b", 4, 5), ("a", 11, 12)], window)  # decode-only step
+
+
+def test_decode_window_gathers_only_the_window():
+    from pytgi.backends.base import AttentionBatch
+
+    batch = AttentionBatch(
+        slot_mapping=torch.tensor([9, 2]),
+        query_starts=[0, 1],
+        num_queries=[1, 1],
+        start_positions=[9, 2],
+        block_tables=[[0, 1, 2], [3]],
+        block_size=4,
+        num_decode_rows=2,
+    )
+    view = CpuAttentionBackend().build_metadata(batch).view(4)
+    # row 0 at position 9 sees 6..9 (blocks 1, 2); row 1 at position 2 sees 0..2 of block 3
+    assert view.decode.slot_index.tolist() == [[6, 7, 8, 9], [12, 13, 14, 12]]
+    assert view.decode.mask[:, 0, 0].tolist() == [[True] * 4, [True, True, True, False]]
+    assert view.prefills == []

@@ -1,0 +1,140 @@
+"""Parallel linear and embedding layers on simulated ranks (no process group): each rank's shard,
+built and loaded from the full checkpoint tensors, combines (concat / sum) to the unsharded result.
+Also the weight loaders' shape checks. The real two-process gloo run is in test_tp.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytgi.distributed.parallel_state import TPInfo
+from pytgi.errors import ModelLoadError
+from pytgi.layers import embedding, linear
+from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pytgi.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+
+
+@pytest.fixture
+def as_rank(monkeypatch):
+    def set_rank(rank: int, world_size: int) -> None:
+        info = TPInfo(rank, world_size)
+        monkeypatch.setattr(linear, "get_tp_info", lambda: info)
+        monkeypatch.setattr(embedding, "get_tp_info", lambda: info)
+
+    return set_rank
+
+
+def load(layer, name: str, tensor: torch.Tensor, shard_id=None) -> None:
+    param = getattr(layer, name)
+    if shard_id is None:
+        param.weight_loader(param, tensor)
+    else:
+        param.weight_loader(param, tensor, shard_id)
+
+
+def test_column_and_row_parallel_mlp_combine(as_rank):
+    torch.manual_seed(0)
+    w_up, b_up, w_down, b_down = (
+        torch.randn(12, 8),
+        torch.randn(12),
+        torch.randn(8, 12),
+        torch.randn(8),
+    )
+    x = torch.randn(3, 8)
+    full = F.linear(F.linear(x, w_up, b_up), w_down, b_down)
+    partial_sum = 0
+    for rank in range(2):
+        as_rank(rank, 2)
+        up, down = ColumnParallelLinear(8, 12, bias=True), RowParallelLinear(12, 8, bias=True)
+        load(up, "weight", w_up), load(up, "bias", b_up)
+        load(down, "weight", w_down), load(down, "bias", b_down)
+        assert up.weight.shape == (6, 8) and down.weight.shape == (8, 6)
+        partial_sum = partial_sum + down(up(x)) - b_down  # bias is added after the reduction
+    torch.testing.assert_close(partial_sum + b_down, full)
+
+
+@pytest.mark.parametrize("world_size,num_kv_heads", [(1, 2), (2, 2), (4, 2), (2, 1)])
+def test_qkv_shards_heads(as_rank, world_size, num_kv_heads):
+    torch.manual_seed(0)
+    num_heads, head_dim, hidden = 4, 3, 10
+    wq = torch.randn(num_heads * head_dim, hidden)
+    wk, wv = (torch.randn(num_kv_heads * head_dim, hidden) for _ in range(2))
+    x = torch.randn(2, hidden)
+    qs, ks = [], []
+    for rank in range(world_size):
+        as_rank(rank, world_size)
+        layer = QKVParallelLinear(hidden, head_dim, num_heads, num_kv_heads)
+        for shard_id, w in zip("qkv", (wq, wk, wv), strict=True):
+            load(layer, "weight", w, shard_id)
+        q, k, v = layer(x).split([layer.q_size, layer.kv_size, layer.kv_size], dim=-1)
+        qs.append(q)
+        ks.append(k)
+        kv_head = rank * num_kv_heads // world_size  # replicated when fewer kv heads than ranks
+        expected_k = F.linear(x, wk)[:, kv_head * head_dim :][:, : layer.kv_size]
+        torch.testing.assert_close(k, expected_k)
+        torch.testing.assert_close(v, F.linear(x, wv)[:, kv_head * head_dim :][:, : layer.kv_size])
+    torch.testing.assert_close(torch.cat(qs, dim=-1), F.linear(x, wq))
+
+
+def test_merged_column_parallel(as_rank):
+    gate, up = torch.randn(6, 4), torch.randn(6, 4)
+    x = torch.randn(2, 4)
+    outs = []
+    for rank in range(2):
+        as_rank(rank, 2)
+        layer = MergedColumnParallelLinear(4, [6, 6])
+        load(layer, "weight", gate, 0)
+        load(layer, "weight", up, 1)
+        outs.append(layer(x).chunk(2, dim=-1))  # this rank's (gate, up)
+    torch.testing.assert_close(torch.cat([o[0] for o in outs], -1), F.linear(x, gate))
+    torch.testing.assert_close(torch.cat([o[1] for o in outs], -1), F.linear(x, up))
+
+
+def test_vocab_parallel_embedding_and_head_with_padding(as_rank):
+    weight = torch.randn(11, 4)  # 11 rows over 2 ranks: 6 + 5 (+1 zero pad)
+    ids = torch.tensor([0, 5, 6, 10, 3])
+    hidden = torch.randn(3, 4)
+    embedded, logits = 0, []
+    for rank in range(2):
+        as_rank(rank, 2)
+        emb, head = VocabParallelEmbedding(11, 4), ParallelLMHead(11, 4)
+        load(emb, "weight", weight)
+        load(head, "weight", weight)
+        embedded = embedded + emb(ids)
+        logits.append(F.linear(hidden, head.weight))
+    torch.testing.assert_close(embedded, weight[ids])
+    torch.testing.assert_close(torch.cat(logits, -1)[:, :11], hidden @ weight.T)
+
+
+def test_single_rank_layers():
+    w = torch.randn(5, 3)
+    layer = ReplicatedLinear(3, 5)
+    load(layer, "weight", w)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(layer(x), x @ w.T)
+    head = ParallelLMHead(5, 3)
+    load(head, "weight", w)
+    torch.testing.assert_close(head.compute_logits(x), x @ w.T)
+
+
+def test_shape_mismatch_is_a_load_error():
+    layer = QKVParallelLinear(8, 2, num_heads=4, num_kv_heads=2)
+    with pytest.raises(
+        ModelLoadError, match=r"checkpoint shape \(8, 9\) does not match .*\(8, 8\)"
+    ):
+        load(layer, "weight", torch.randn(8, 9), "q")
+    with pytest.raises(ModelLoadError, match="does not match"):
+        load(VocabParallelEmbedding(10, 4), "weight", torch.randn(11, 4))
+
+
+def test_indivisible_heads_are_a_load_error(as_rank):
+    as_rank(0, 3)
+    with pytest.raises(ModelLoadError, match="number of attention heads \\(4\\) is not divisible"):
+        QKVParallelLinear(8, 2, num_heads=4, num_kv_heads=2)

@@ -1,0 +1,128 @@
+"""Rotary embeddings: inverse frequencies of every scaling variant against transformers'
+ROPE_INIT_FUNCTIONS, cos/sin against LlamaRotaryEmbedding (dynamic NTK beyond the trained length
+included), and the rotate-half application against apply_rotary_pos_emb."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures.tiny_models import make_hf_config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from pytgi.errors import ModelLoadError
+from pytgi.layers.rotary import ROPE_SCALINGS, apply_rotary, get_rope
+from pytgi.models.config import model_spec_from_hf
+
+EXTRA_SCALINGS = {
+    "yarn_mscale": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 16.0,
+    },
+    "yarn_attention_factor": {
+        "rope_type": "yarn",
+        "factor": 2.0,
+        "attention_factor": 1.3,
+        "truncate": False,
+    },
+    "llama3_wide": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128,
+    },
+    "old_type_key": {"type": "linear", "factor": 4.0},
+}
+
+CASES = {
+    "default": make_hf_config("llama"),
+    "llama3": make_hf_config("llama3_rope"),
+    "linear": make_hf_config("llama_linear_rope"),
+    "dynamic": make_hf_config("llama_dynamic_rope"),
+    "yarn": make_hf_config("llama_yarn_rope"),
+    **{name: make_hf_config("llama", rope_scaling=s) for name, s in EXTRA_SCALINGS.items()},
+}
+
+
+def ours(config, seq_len=None):
+    spec = model_spec_from_hf(config, "LlamaForCausalLM")
+    scaling = spec.rope_scaling or {"rope_type": "default"}
+    fn = ROPE_SCALINGS[scaling["rope_type"]]
+    args = (spec.rotary_dim, spec.rope_theta, spec.max_position_embeddings, scaling)
+    return fn(*args, seq_len) if seq_len is not None else fn(*args)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_inv_freq_matches_transformers(name):
+    config = CASES[name]
+    rope_type = (config.rope_scaling or {}).get("rope_type", "default")
+    expected, expected_factor = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    inv_freq, factor = ours(config)
+    torch.testing.assert_close(inv_freq, expected, rtol=1e-6, atol=0)
+    assert factor == pytest.approx(expected_factor, rel=1e-9)
+
+
+@pytest.mark.parametrize("seq_len", [64, 65, 100, 300])
+def test_dynamic_inv_freq_for_long_sequences(seq_len):
+    config = CASES["dynamic"]
+    expected, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=seq_len)
+    torch.testing.assert_close(ours(config, seq_len)[0], expected, rtol=1e-6, atol=0)
+
+
+def rope_for(config):
+    spec = model_spec_from_hf(config, "LlamaForCausalLM")
+    return get_rope(
+        spec.head_dim,
+        spec.rotary_dim,
+        spec.max_position_embeddings,
+        spec.rope_theta,
+        spec.rope_scaling,
+    )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cos_sin_match_llama_rotary_embedding(name):
+    config = CASES[name]
+    positions = torch.tensor([0, 1, 5, 63, 200, 511, 700])  # 700: the table grows on demand
+    cos, sin = rope_for(config)(positions, torch.float32)  # [T, 1, D]
+    hf = LlamaRotaryEmbedding(config)
+    x = torch.zeros(1)
+    for i, p in enumerate(positions.tolist()):
+        # per position, as transformers' decode step with a KV cache sees it (dynamic: seq_len p+1)
+        hf_cos, hf_sin = hf(x, torch.tensor([[p]]))
+        torch.testing.assert_close(cos[i, 0], hf_cos[0, 0], rtol=1e-5, atol=1e-6)
+        half = hf_sin.shape[-1] // 2
+        torch.testing.assert_close(sin[i, 0, half:], hf_sin[0, 0, half:], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sin[i, 0, :half], -hf_sin[0, 0, :half], rtol=1e-5, atol=1e-6)
+
+
+def test_apply_rotary_matches_transformers():
+    config = CASES["llama3"]
+    positions = torch.arange(9) * 7
+    cos, sin = rope_for(config)(positions, torch.float32)
+    hf_cos, hf_sin = LlamaRotaryEmbedding(config)(torch.zeros(1), positions.unsqueeze(0))
+    q, k = torch.randn(9, 4, 16), torch.randn(9, 2, 16)  # [T, heads, D]
+    hf_q, hf_k = apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], hf_cos, hf_sin
+    )
+    torch.testing.assert_close(apply_rotary(q, cos, sin), hf_q[0].transpose(0, 1))
+    torch.testing.assert_close(apply_rotary(k, cos, sin), hf_k[0].transpose(0, 1))
+
+
+def test_partial_rotary_leaves_the_tail():
+    rope = get_rope(head_dim=16, rotary_dim=8, max_position=32, base=10000.0, scaling=None)
+    cos, sin = rope(torch.arange(4), torch.float32)
+    x = torch.randn(4, 2, 16)
+    out = apply_rotary(x, cos, sin)
+    torch.testing.assert_close(out[..., 8:], x[..., 8:])
+    torch.testing.assert_close(out[0], x[0])  # position 0 is the identity
+
+
+def test_unknown_rope_type_is_a_load_error():
+    with pytest.raises(ModelLoadError, match="unsupported rope_scaling type 'longrope'"):
+        get_rope(16, 16, 32, 10000.0, {"rope_type": "longrope", "factor": 2.0})

@@ -1,0 +1,87 @@
+"""Helpers to drive a ModelRunner with hand-built SchedulerOutputs and compare with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pytgi.backends.selector import select_platform
+from pytgi.config import CacheConfig, EngineConfig, ModelConfig
+from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.sampling_params import SamplingParams
+from pytgi.worker.model_runner import ModelRunner
+
+BLOCK_SIZE = 16
+
+
+def engine_config(model_dir: Path, **cache) -> EngineConfig:
+    return EngineConfig(model=ModelConfig(model_id=str(model_dir)), cache=CacheConfig(**cache))
+
+
+def make_runner(model_dir: Path, num_blocks: int = 128) -> ModelRunner:
+    runner = ModelRunner(engine_config(model_dir), select_platform())
+    runner.load_model(model_dir)
+    runner.allocate_kv_cache(num_blocks)
+    return runner
+
+
+def load_hf(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, attn_implementation="eager", dtype=torch.float32
+    )
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
+    """Logits [L, V] of one sequence, full forward without cache."""
+    return hf_model(torch.tensor([token_ids])).logits[0]
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, 384, (length,), generator=g).tolist()
+
+
+class BlockAllocator:
+    """Hands out fresh block ids in order (tests never free)."""
+
+    def __init__(self, first: int = 0):
+        self.next = first
+
+    def take(self, num_tokens: int) -> list[int]:
+        count = -(-num_tokens // BLOCK_SIZE)
+        self.next += count
+        return list(range(self.next - count, self.next))
+
+
+def scheduled(
+    request_id: str,
+    token_ids: list[int],
+    start: int,
+    end: int,
+    block_ids: list[int],
+    sample: bool = True,
+    num_prompt: int | None = None,
+    prefill_logprobs: bool = False,
+) -> ScheduledRequest:
+    """Run token_ids[start:end] of a sequence whose first num_prompt tokens are the prompt."""
+    num_prompt = len(token_ids) if num_prompt is None else num_prompt
+    return ScheduledRequest(
+        request_id=request_id,
+        input_ids=token_ids[start:end],
+        start_pos=start,
+        block_ids=block_ids,
+        sample=sample,
+        sampling=SamplingParams(),
+        prompt_ids=token_ids[:num_prompt],
+        output_ids=token_ids[num_prompt:],
+        prefill_logprobs=prefill_logprobs,
+    )
+
+
+def step(*requests: ScheduledRequest) -> SchedulerOutput:
+    return SchedulerOutput(requests=list(requests))
