@@ -14,13 +14,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from pytgi import metrics
 from pytgi.errors import PytgiError
 from pytgi.router.outputs import Generation, StreamEvent
 from pytgi.server.chat_format import finish_reason, usage
 from pytgi.server.context import ServerContext, get_context
+from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import error_response, openai_stream_error
 from pytgi.server.headers import HeaderTotals, stream_headers
 from pytgi.server.openai_protocol import CompletionRequest
@@ -120,13 +121,13 @@ async def completion_frames(ctx: ServerContext, req: CompletionRequest) -> Async
     yield DONE
 
 
-async def completions(ctx: ServerContext, req: CompletionRequest):
+async def completions(ctx: ServerContext, req: CompletionRequest, request: Request):
     metrics.tgi_request_count.inc()
     rejection = _reject(req, ctx.config.limits.max_client_batch_size)
     if rejection is not None:
         return rejection
     if not req.stream:
-        return await completions_json(ctx, req)
+        return await until_disconnected(request, completions_json(ctx, req))
     characters = "".join(req.prompts)
     return EventStreamResponse(
         completion_frames(ctx, req),
@@ -136,5 +137,7 @@ async def completions(ctx: ServerContext, req: CompletionRequest):
 
 
 @router.post("/v1/completions", operation_id="completions", responses={**SSE_RESPONSE, **ERRORS})
-async def post_completions(req: CompletionRequest, ctx: ServerContext = Depends(get_context)):
-    return await completions(ctx, req)
+async def post_completions(
+    req: CompletionRequest, request: Request, ctx: ServerContext = Depends(get_context)
+):
+    return await completions(ctx, req, request)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from pytgi.errors import OverloadedError, PytgiError
+from pytgi.server.disconnect import ClientDisconnected, on_client_disconnected
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ClientDisconnected, on_client_disconnected)
     app.add_exception_handler(RequestValidationError, _on_request_validation)
     app.add_exception_handler(PytgiError, _on_pytgi_error)
     app.add_exception_handler(HTTPException, _on_http_exception)

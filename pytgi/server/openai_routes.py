@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -24,6 +24,7 @@ from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.server.chat_format import ChatChunks, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
+from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_stream_error
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.openai_protocol import ChatRequest, response_format_grammar
@@ -177,11 +178,11 @@ async def chat_frames(
     yield DONE
 
 
-async def chat(ctx: ServerContext, req: ChatRequest):
+async def chat(ctx: ServerContext, req: ChatRequest, request: Request):
     metrics.tgi_request_count.inc()
     prompt = await render(ctx, req)
     if not req.stream:
-        return await chat_json(ctx, req, prompt)
+        return await until_disconnected(request, chat_json(ctx, req, prompt))
     return EventStreamResponse(
         chat_frames(ctx, req, prompt),
         headers=stream_headers(ctx.compute_type, prompt.text),
@@ -194,8 +195,10 @@ async def chat(ctx: ServerContext, req: ChatRequest):
     operation_id="chat_completions",
     responses={**SSE_RESPONSE, **ERRORS},
 )
-async def post_chat_completions(req: ChatRequest, ctx: ServerContext = Depends(get_context)):
-    return await chat(ctx, req)
+async def post_chat_completions(
+    req: ChatRequest, request: Request, ctx: ServerContext = Depends(get_context)
+):
+    return await chat(ctx, req, request)
 
 
 @router.post(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
@@ -43,15 +43,15 @@ def _parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
     responses={**SSE_RESPONSE, **ERRORS},
 )
 async def post_invocations(
-    body: dict[str, Any] = Body(...), ctx: ServerContext = Depends(get_context)
+    request: Request, body: dict[str, Any] = Body(...), ctx: ServerContext = Depends(get_context)
 ):
     for key, model in _KINDS:
         if key in body:
             req = _parse(model, body)
             if isinstance(req, CompatGenerateRequest):
-                return await compat_generate(ctx, req)
+                return await compat_generate(ctx, req, request)
             if isinstance(req, ChatRequest):
-                return await chat(ctx, req)
-            return await completions(ctx, req)
+                return await chat(ctx, req, request)
+            return await completions(ctx, req, request)
     message = "Failed to deserialize the JSON body: expected `inputs`, `messages` or `prompt`"
     return error_response(422, message, "validation")

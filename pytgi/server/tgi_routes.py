@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from pytgi import metrics
 from pytgi.errors import PytgiError
 from pytgi.router.params import GenerateParameters
 from pytgi.server.context import ServerContext, get_context
+from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import error_body
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.health import Health
@@ -88,7 +89,9 @@ def generate_stream_response(
     )
 
 
-async def compat_generate(ctx: ServerContext, req: CompatGenerateRequest) -> Response:
+async def compat_generate(
+    ctx: ServerContext, req: CompatGenerateRequest, request: Request
+) -> Response:
     """`POST /`: a stream, or a one-element list, with TGI's `return_full_text` default."""
     params = req.generate_parameters()
     if params.return_full_text is None:
@@ -96,7 +99,8 @@ async def compat_generate(ctx: ServerContext, req: CompatGenerateRequest) -> Res
         params = params.model_copy(update={"return_full_text": full_text})
     if req.stream:
         return generate_stream_response(ctx, req.inputs, params)
-    body, headers = await run_generate(ctx, req.inputs, params)
+    work = run_generate(ctx, req.inputs, params)
+    body, headers = await until_disconnected(request, work)
     return JSONBody([body], headers=headers)
 
 
@@ -106,15 +110,20 @@ async def compat_generate(ctx: ServerContext, req: CompatGenerateRequest) -> Res
     response_model=list[GenerateResponse],
     responses={**SSE_RESPONSE, **ERRORS},
 )
-async def post_root(req: CompatGenerateRequest, ctx: ServerContext = Depends(get_context)):
-    return await compat_generate(ctx, req)
+async def post_root(
+    req: CompatGenerateRequest, request: Request, ctx: ServerContext = Depends(get_context)
+):
+    return await compat_generate(ctx, req, request)
 
 
 @router.post(
     "/generate", operation_id="generate", response_model=GenerateResponse, responses=ERRORS
 )
-async def post_generate(req: GenerateRequest, ctx: ServerContext = Depends(get_context)):
-    body, headers = await run_generate(ctx, req.inputs, req.generate_parameters())
+async def post_generate(
+    req: GenerateRequest, request: Request, ctx: ServerContext = Depends(get_context)
+):
+    work = run_generate(ctx, req.inputs, req.generate_parameters())
+    body, headers = await until_disconnected(request, work)
     return JSONBody(body, headers=headers)
 
 
