@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pytgi.sampling import sampler as sampler_module
 from pytgi.sampling.metadata import SamplingMetadata
 from pytgi.sampling.sampler import Sampler, sample_from_probs, uniform
 
@@ -159,3 +160,29 @@ def test_shape_mismatch_is_rejected():
     with pytest.raises(ValueError):
         Sampler(VOCAB)(random_logits(3), [build_request()])
     assert Sampler(VOCAB)(torch.empty(0, VOCAB), []) == []
+
+
+def forbid(monkeypatch, *names):
+    def fail(*args, **kwargs):
+        raise AssertionError("a processor this batch does not need was run")
+
+    for name in names:
+        monkeypatch.setattr(sampler_module, name, fail)
+
+
+def test_greedy_batch_takes_the_fast_path(monkeypatch):
+    monkeypatch.setattr(Sampler, "process", lambda *args: pytest.fail("fast path expected"))
+    out = Sampler(VOCAB)(random_logits(3), [build_request(top_n_tokens=2) for _ in range(3)])
+    assert [len(t.top_ids) for t in out] == [2, 2, 2]
+
+
+def test_only_the_needed_processors_run(monkeypatch):
+    forbid(monkeypatch, "apply_top_p", "apply_typical_p", "apply_frequency_penalty")
+    forbid(monkeypatch, "apply_temperature")
+    logits = random_logits(2)
+    requests = [
+        build_request(do_sample=True, seed=1, top_k=4),
+        build_request(repetition_penalty=2.0),
+    ]
+    out = Sampler(VOCAB)(logits, requests)
+    assert out[0].token_id in logits[0].topk(4).indices.tolist()
