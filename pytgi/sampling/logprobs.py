@@ -43,10 +43,12 @@ def compute_top_n(
 def compute_prefill_logprobs(logits: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
     """Raw logprob of each next token: `log_softmax(logits[t])[target_ids[t]]`.
 
-    logits [T, V] (position t predicts target t), target_ids [T] → [T] float32. No processor is
-    applied (decoder_input_details reports the model's own distribution).
+    logits [T, V] (position t predicts target t), target_ids [T] (any device, integer) → [T]
+    float32 on the logits' device. No processor is applied: decoder_input_details reports the
+    model's own distribution.
     """
     out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # [T]
+    target_ids = target_ids.to(device=logits.device, dtype=torch.int64)  # [T]
     for start in range(0, logits.shape[0], PREFILL_CHUNK_ROWS):
         chunk = logits[start : start + PREFILL_CHUNK_ROWS].float()  # [C, V]
         targets = target_ids[start : start + PREFILL_CHUNK_ROWS].unsqueeze(1)  # [C, 1]
