@@ -46,6 +46,7 @@ class BenchOptions:
     max_batch_prefill_tokens: int | None = None
     max_batch_size: int | None = None
     bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
+    gemm_size: int = 2048  # square matrices multiplied to measure GEMM throughput
 
 
 @dataclass
@@ -71,15 +72,25 @@ class BenchResult:
 
 
 def run_suite(options: BenchOptions, log: Callable[[str], None] | None = None) -> BenchResult:
-    """Runs every workload of `options`; `log` gets one progress line per run (default: stderr)."""
-    log = log or _log_stderr
-    start_s = time.perf_counter()
-    model_dir = _model_dir(options.model_id)
+    """Runs every workload of `options`; `log` gets one progress line per run (default: stderr).
+
+    Both engines run with `options.num_threads` torch threads; the caller's setting is restored.
+    """
+    previous_threads = torch.get_num_threads()
     if options.num_threads is not None:
         torch.set_num_threads(options.num_threads)
+    try:
+        return _run_suite(options, log or _log_stderr)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult:
+    start_s = time.perf_counter()
+    model_dir = _model_dir(options.model_id)
     footprint = model_footprint(model_dir, options.dtype)
     log(f"measuring the roofline ({torch.get_num_threads()} threads)")
-    roofline = measure_machine(options.bandwidth_bytes)
+    roofline = measure_machine(options.bandwidth_bytes, options.gemm_size)
     log(f"bandwidth {roofline.bandwidth_gb_s:.1f} GB/s, GEMM {roofline.gemm_gflop_s:.1f} GFLOP/s")
     runners, hf_attn, close = _load_runners(options, model_dir)
     result = BenchResult(options, machine_info(), roofline, footprint, hf_attn)
