@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pytgi import metrics
 from pytgi.config import CacheInfo, ServerConfig
@@ -83,3 +85,19 @@ def _add_middleware(app: FastAPI, config: ServerConfig, health: HealthState) -> 
         allow_methods=["GET", "POST"],
         allow_headers=["content-type", "authorization"],
     )
+
+
+def create_metrics_app(engine: EngineClient, cache_info: CacheInfo) -> ASGIApp:
+    """The `--prometheus-port` listener: the Prometheus exposition on any GET path (as TGI)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] != "GET":
+            await PlainTextResponse("Method Not Allowed", status_code=405)(scope, receive, send)
+            return
+        metrics.refresh(engine.stats(), cache_info.max_batch_total_tokens)
+        response = Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+        await response(scope, receive, send)
+
+    return app

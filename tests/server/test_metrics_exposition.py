@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
+from server.fakes import CACHE_INFO, FakeEngine
 from server.harness import asgi_client, scripted_app
 
 from pytgi import metrics
 from pytgi.engine.client import EngineStats
+from pytgi.server.app import create_metrics_app
 
 TGI_METRICS = {
     "tgi_request_count": "counter",
