@@ -1,4 +1,4 @@
-"""pytgi.server: TGI's HTTP API (routes, wire formats, headers, errors, SSE) on the router's `Infer`.
+"""pytgi.server: TGI's HTTP API (routes, wire formats, headers, errors, SSE) over `Infer`.
 
 Entry point: `pytgi.server.app.create_app`. A request goes `tgi_routes` / `openai_routes` /
 `completions` → `Infer` (router) → `EngineClient`; responses are formatted by `protocol` (TGI) and

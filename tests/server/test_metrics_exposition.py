@@ -124,3 +124,15 @@ async def test_metrics_route_before_any_request():
     types = _types(response.text)
     assert set(TGI_METRICS) <= set(types)
     assert "pytgi_kv_blocks_total 64.0" in response.text.splitlines()
+
+
+@pytest.mark.anyio
+async def test_prometheus_port_app_answers_any_get_path():
+    app = create_metrics_app(FakeEngine([5]), CACHE_INFO)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://m") as client:
+        response = await client.get("/anything")
+        refused = await client.post("/")
+    assert response.status_code == 200
+    assert "# TYPE tgi_request_count counter" in response.text
+    assert refused.status_code == 405
