@@ -92,7 +92,11 @@ class EventStreamResponse(Response):
                 frame = KEEP_ALIVE
             if frame is _END:
                 return not watcher.done()
-            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            message = {"type": "http.response.body", "body": frame.encode(), "more_body": True}
+            try:
+                await send(message)
+            except OSError:  # ASGI 2.4 servers report a gone client here
+                return False
         return False
 
 
