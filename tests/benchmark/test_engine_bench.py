@@ -11,6 +11,7 @@ import math
 import pytest
 
 from pytgi.benchmark.engine.metrics import percentile
+from pytgi.benchmark.engine.report import text_report
 from pytgi.benchmark.engine.workloads import (
     mixed_workload,
     named_workload,
@@ -64,6 +65,7 @@ def bench_result(tiny_model_factory):
         workloads=workloads,
         num_threads=1,
         repeats=2,
+        sequential_sample=2,
         bandwidth_bytes=1 << 24,
         gemm_size=128,
     )
@@ -103,6 +105,18 @@ def test_numbers_are_consistent(bench_result):
             assert m.output_tok_s == pytest.approx(m.num_output_tokens / m.wall_s)
 
 
+def test_identical_requests_replay_after_the_sample(bench_result):
+    by_name = {case.workload.name: case for case in bench_result.cases}
+    replayed = {
+        name: [m.num_replayed for m in by_name[name].runs["hf_sequential"]]
+        for name in ("b1_p8_o4", "b3_p8_o4", "mixed_tiny")
+    }
+    assert replayed == {"b1_p8_o4": [0, 0], "b3_p8_o4": [1, 1], "mixed_tiny": [0, 0]}
+    assert "* hf_sequential: 2 of 3 identical requests run" in text_report(bench_result)
+    sequential = by_name["b3_p8_o4"].summary["hf_sequential"]
+    assert sequential.ttft_p99_ms <= sequential.wall_s * 1e3
+
+
 def test_roofline_and_footprint(bench_result):
     footprint, roofline = bench_result.footprint, bench_result.roofline
     assert roofline.bandwidth_gb_s > 0 and roofline.gemm_gflop_s > 0
@@ -114,7 +128,7 @@ def test_roofline_and_footprint(bench_result):
 
 
 def test_reports_and_json(bench_result, tmp_path):
-    from pytgi.benchmark.engine.report import markdown_report, text_report
+    from pytgi.benchmark.engine.report import markdown_report
     from pytgi.benchmark.engine.results import FORMAT, write_json
 
     text = text_report(bench_result)

@@ -59,6 +59,9 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--no-baseline", {"action": "store_true", "help": "skip transformers generate"}),
     ("--baselines", {"type": _name_list(BASELINE_NAMES), "default": list(BASELINE_NAMES),
                      "help": "which transformers runs: hf_sequential,hf_static"}),
+    ("--sequential-sample", {"type": int, "default": 4,
+                             "help": "hf_sequential on identical requests: run this many, replay "
+                                     "their timings for the rest (0: run all)"}),
     ("--max-batch-prefill-tokens", {"type": int, "help": "pytgi: token budget of one step"}),
     ("--max-batch-size", {"type": int, "help": "pytgi: maximum running requests"}),
     ("--output", {"type": Path, "help": "write the results as JSON to this file"}),
@@ -90,7 +93,7 @@ def bench_options(args: argparse.Namespace):
     def value(name: str):
         return engine_value(args, name)
 
-    for name, minimum in (("warmup", 0), ("repeats", 1)):
+    for name, minimum in (("warmup", 0), ("repeats", 1), ("sequential_sample", 0)):
         if value(name) is None or value(name) < minimum:
             raise ValueError(f"--{name} must be >= {minimum}")
     return BenchOptions(
@@ -102,6 +105,7 @@ def bench_options(args: argparse.Namespace):
         warmup=value("warmup"),
         repeats=value("repeats"),
         seed=value("seed") or 0,
+        sequential_sample=value("sequential_sample"),
         max_batch_prefill_tokens=value("max_batch_prefill_tokens"),
         max_batch_size=value("max_batch_size"),
     )

@@ -6,6 +6,10 @@ Two ways to serve a workload without continuous batching:
   is done.
 Greedy, EOS suppressed with `min_new_tokens = max_new_tokens`, so every request gets its full
 output. Token times come from a streamer that stamps every forward's tokens.
+
+When all requests are identical (same prompt and output length) the sequential run may measure
+only the first `sequential_sample` of them and replay those timings for the rest, one after the
+other: one-at-a-time cost is linear in the number of such requests, and this saves minutes.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class _StepClock(BaseStreamer):
 
 
 class HfRunner:
-    def __init__(self, model_dir: Path, dtype: str):
+    def __init__(self, model_dir: Path, dtype: str, sequential_sample: int = 0):
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -49,16 +53,26 @@ class HfRunner:
         candidates = (config.pad_token_id, _first(config.eos_token_id), 0)
         self.pad_id = next(i for i in candidates if i is not None)
         self.attn_implementation = self.model.config._attn_implementation
+        self.sequential_sample = sequential_sample  # 0: always run every request
 
     def run_sequential(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
         trace = _new_trace("hf_sequential", workload)
+        num_measured = self._num_to_measure(workload)
+        spans_s = []  # (start, end) of each measured request
         cpu_start, start_s = contention.snapshot(), time.perf_counter()
-        for request, prompt_ids in zip(trace.requests, prompts, strict=True):
-            request_start_s = time.perf_counter()
+        for request, prompt_ids in zip(trace.requests[:num_measured], prompts, strict=False):
+            request_start_s = time.perf_counter() - start_s
             times_s = self._generate([prompt_ids], request.output_len)
             request.token_times_s = [t - start_s for t in times_s]
-            _add_phases(trace, [request], request_start_s - start_s, request.token_times_s)
-        return _finish(trace, start_s, cpu_start)
+            _add_phases(trace, [request], request_start_s, request.token_times_s)
+            spans_s.append((request_start_s, time.perf_counter() - start_s))
+        return _finish(trace, start_s, cpu_start, replayed_s=_replay(trace, spans_s))
+
+    def _num_to_measure(self, workload: Workload) -> int:
+        identical = len(set(workload.requests)) == 1
+        if not identical or self.sequential_sample <= 0:
+            return len(workload.requests)
+        return min(self.sequential_sample, len(workload.requests))
 
     def run_static(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
         trace = _new_trace("hf_static", workload)
@@ -117,8 +131,26 @@ def _add_phases(
     trace.decode_step_s.extend(b - a for a, b in zip(step_times_s, step_times_s[1:], strict=False))
 
 
-def _finish(trace: RunTrace, start_s: float, cpu_start: contention.CpuSnapshot) -> RunTrace:
-    trace.wall_s = time.perf_counter() - start_s
+def _replay(trace: RunTrace, spans_s: list[tuple[float, float]]) -> float:
+    """Fills the requests that were not run with copies of the measured ones, each starting when
+    the previous one ends; returns the time they add."""
+    num_measured = len(spans_s)
+    clock_s = spans_s[-1][1]
+    for index in range(num_measured, len(trace.requests)):
+        source = trace.requests[index % num_measured]
+        start_s, end_s = spans_s[index % num_measured]
+        request = trace.requests[index]
+        request.token_times_s = [clock_s + t - start_s for t in source.token_times_s]
+        _add_phases(trace, [request], clock_s, request.token_times_s)
+        clock_s += end_s - start_s
+    trace.num_replayed = len(trace.requests) - num_measured
+    return clock_s - spans_s[-1][1]
+
+
+def _finish(
+    trace: RunTrace, start_s: float, cpu_start: contention.CpuSnapshot, replayed_s: float = 0.0
+) -> RunTrace:
+    trace.wall_s = time.perf_counter() - start_s + replayed_s
     trace.others = contention.others_fraction(cpu_start, contention.snapshot())
     trace.check_complete()
     return trace

@@ -39,6 +39,7 @@ class RunMetrics:
     decode_bw_fraction: float  # (decode weight bytes / decode step) ÷ measured bandwidth
     prefill_flop_fraction: float  # (matmul FLOP/token × prefill tok/s) ÷ measured GEMM FLOP/s
     num_preemptions: int
+    num_replayed: int  # requests timed as copies of identical measured ones
     others: float  # contention; NaN when unknown
 
 
@@ -81,6 +82,7 @@ def summarize(trace: RunTrace, footprint: ModelFootprint, machine: MachineRoofli
         * prefill_tok_s
         / (machine.gemm_gflop_s * 1e9),
         num_preemptions=trace.num_preemptions,
+        num_replayed=trace.num_replayed,
         others=math.nan if trace.others is None else trace.others,
     )
 

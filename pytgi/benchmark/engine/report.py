@@ -33,7 +33,7 @@ def text_report(result: BenchResult) -> str:
         lines += ["", f"== {case.workload.name}: {case.workload.description} =="]
         rows = [_row(m) for m in case.summary.values()]
         lines += _fixed_width([[c[0] for c in COLUMNS], *rows])
-        lines += _ratio_lines(case) + _target_lines(case)
+        lines += _replay_lines(case) + _ratio_lines(case) + _target_lines(case)
     return "\n".join(lines) + "\n"
 
 
@@ -45,7 +45,8 @@ def markdown_report(result: BenchResult) -> str:
         lines.append("|" + "---|" * len(COLUMNS))
         lines += ["| " + " | ".join(_row(m)) + " |" for m in case.summary.values()]
         lines.append("")
-        lines += [f"- {line}" for line in _ratio_lines(case) + _target_lines(case)]
+        notes = _replay_lines(case) + _ratio_lines(case) + _target_lines(case)
+        lines += [f"- {line}" for line in notes]
     return "\n".join(lines) + "\n"
 
 
@@ -64,7 +65,10 @@ def _header(result: BenchResult) -> str:
 
 def _row(metrics: RunMetrics) -> list[str]:
     cells = []
-    for _, name, fmt in COLUMNS:
+    for header, name, fmt in COLUMNS:
+        if header == "system":
+            cells.append(metrics.system + ("*" if metrics.num_replayed else ""))
+            continue
         if fmt in ("ttft", "itl"):
             values = [getattr(metrics, f"{fmt}_p{p}_ms") for p in (50, 90, 99)]
             cells.append("/".join(_fmt("{:.0f}", v) for v in values))
@@ -83,6 +87,15 @@ def _fixed_width(rows: list[list[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in
                       enumerate(zip(row, widths, strict=True))) for row in rows]  # fmt: skip
+
+
+def _replay_lines(case: CaseResult) -> list[str]:
+    return [
+        f"* {m.system}: {m.num_requests - m.num_replayed} of {m.num_requests} identical requests "
+        "run, the rest timed as copies of them"
+        for m in case.summary.values()
+        if m.num_replayed
+    ]
 
 
 def _ratio_lines(case: CaseResult) -> list[str]:

@@ -45,6 +45,7 @@ class BenchOptions:
     seed: int = 0
     max_batch_prefill_tokens: int | None = None
     max_batch_size: int | None = None
+    sequential_sample: int = 4  # identical requests run one at a time before replaying; 0: all
     bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
     gemm_size: int = 2048  # square matrices multiplied to measure GEMM throughput
 
@@ -126,7 +127,7 @@ def _load_runners(options: BenchOptions, model_dir: Path):
     if options.baselines:
         from pytgi.benchmark.engine.hf_runner import HfRunner
 
-        hf = HfRunner(model_dir, options.dtype)
+        hf = HfRunner(model_dir, options.dtype, options.sequential_sample)
         hf_attn = hf.attn_implementation
         available = {"hf_sequential": hf.run_sequential, "hf_static": hf.run_static}
         runners.update({name: available[name] for name in options.baselines})

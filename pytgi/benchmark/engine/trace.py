@@ -38,6 +38,7 @@ class RunTrace:
     decode_time_s: float = 0.0
     decode_step_s: list[float] = field(default_factory=list)  # duration of each decode step
     num_preemptions: int = 0
+    num_replayed: int = 0  # requests not run but timed as copies of identical ones (hf_runner)
     others: float | None = None  # CPU share used by other processes meanwhile (see contention.py)
 
     @property
