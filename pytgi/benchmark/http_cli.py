@@ -172,7 +172,7 @@ def run_compare(args: argparse.Namespace) -> int:
     except BenchConfigError as exc:
         return _fail(str(exc))
     text = compare_markdown(a, b, args.a, args.b)
-    print(text)
+    print(text, end="")
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
     return 0

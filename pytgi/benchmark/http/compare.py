@@ -47,7 +47,7 @@ def compare_markdown(a: dict[str, Any], b: dict[str, Any], a_path: str, b_path: 
             lines += [f"Only in {side} (not compared): {labels}", ""]
     if not a_steps.keys() & b_steps.keys():
         lines += ["No load level appears in both runs; run both with the same sweep.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _target(data: dict[str, Any]) -> str:

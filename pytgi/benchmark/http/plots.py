@@ -48,37 +48,49 @@ def _samples(step: dict[str, Any], metric: str) -> list[float]:
 
 
 def _throughput_latency(steps: list[dict[str, Any]], slo: dict[str, Any], path: Path) -> str:
-    fig = Figure(figsize=(11, 4.6), layout="constrained")
-    throughput = [s["output_token_throughput"] for s in steps]
+    fig = Figure(figsize=(11, 4.8))
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.11, top=0.8, wspace=0.18)
+    axes = fig.subplots(1, 2)
     for ax, metric, title in zip(
-        fig.subplots(1, 2),
-        ("ttft_ms", "itl_ms"),
-        ("Time to first token", "Inter-token latency"),
-        strict=True,
+        axes, ("ttft", "itl"), ("Time to first token", "Inter-token latency"), strict=True
     ):
-        for pct, color in (("p50", P50_COLOR), ("p90", P90_COLOR)):
-            points = [
-                (x, s[metric][pct]) for x, s in zip(throughput, steps, strict=True) if s[metric]
-            ]
-            if points:
-                ax.plot(*zip(*points, strict=True), "o-", color=color, label=pct, lw=2, ms=6)
-        for x, step in zip(throughput, steps, strict=True):
-            if step[metric]:
-                ax.annotate(step["label"], (x, step[metric]["p90"]), textcoords="offset points",
-                            xytext=(-6, 8), fontsize=9, color="#333333", ha="right")  # fmt: skip
-        _slo_line(ax, slo, metric.removesuffix("_ms"))
-        ax.set(title=title, xlabel="output tokens / s", ylabel="ms")
-        ax.margins(x=0.1, y=0.15)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
-    fig.suptitle("Throughput against latency (one point per step)", fontsize=12)
+        _latency_panel(ax, steps, metric, slo)
+        ax.set_title(title)
+    fig.suptitle("Throughput against latency (one point per step)", fontsize=13)
+    handles: dict[str, Any] = {}  # one legend for both panels (an SLO may apply to only one)
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(
+        handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.93), ncol=3
+    )
     _save(fig, path)
     return path.name
 
 
+def _latency_panel(ax, steps: list[dict[str, Any]], metric: str, slo: dict[str, Any]) -> None:
+    key = f"{metric}_ms"
+    points = [(s["output_token_throughput"], s[key], s["label"]) for s in steps if s[key]]
+    for pct, color in (("p50", P50_COLOR), ("p90", P90_COLOR)):
+        if points:
+            xs, ys = [x for x, _, _ in points], [dist[pct] for _, dist, _ in points]
+            ax.plot(xs, ys, "o-", color=color, label=pct, lw=2, ms=6)
+    for x, dist, label in points:
+        ax.annotate(label, (x, dist["p90"]), textcoords="offset points", xytext=(0, 9),
+                    ha="center", fontsize=9, color="#333333")  # fmt: skip
+    limit = slo.get(key)
+    if limit is not None:
+        ax.axhline(limit, ls="--", color=SLO_COLOR, label=f"SLO: p{slo['percentile']} objective")
+    ax.set(xlabel="output tokens / s", ylabel="ms")
+    ax.margins(x=0.12, y=0.18)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
 def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: Path) -> None:
-    fig = Figure(figsize=(max(6.0, 1.1 * len(steps) + 2), 4.6), layout="constrained")
+    width = max(6.5, 1.1 * len(steps) + 2)
+    fig = Figure(figsize=(width, 4.6))
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, bottom=0.13, top=0.9)
     ax = fig.subplots()
     positions = [i for i, values in enumerate(samples, 1) if values]
     data = [values for values in samples if values]
@@ -96,14 +108,8 @@ def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: 
     ax.set(title=f"{title} per step (box p25–p75, whiskers p1–p99)", ylabel="ms", xlabel="load")
     ax.set_ylim(bottom=0)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc="best")
     _save(fig, path)
-
-
-def _slo_line(ax, slo: dict[str, Any], metric: str) -> None:
-    limit = slo.get(f"{metric}_ms")
-    if limit is not None:
-        ax.axhline(limit, ls="--", color=SLO_COLOR, label=f"SLO p{slo['percentile']}")
 
 
 def _save(fig: Figure, path: Path) -> None:

@@ -153,7 +153,8 @@ async def _poisson_arrivals(
 
     next_send_s = time.perf_counter()
     while True:
-        await asyncio.sleep(max(0.0, next_send_s - time.perf_counter()))
+        wake_s = min(next_send_s, state.deadline_s)  # a step ends on time, not at its next arrival
+        await asyncio.sleep(max(0.0, wake_s - time.perf_counter()))
         await slots.acquire()
         item = state.next_request()
         if item is None:

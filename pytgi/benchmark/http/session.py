@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 from pytgi.benchmark.http.apis import ApiOptions, make_api
 from pytgi.benchmark.http.client import HttpSender, discover_model_name
 from pytgi.benchmark.http.options import BenchOptions
-from pytgi.benchmark.http.plots import write_plots
 from pytgi.benchmark.http.progress import NoProgress, TqdmProgress
 from pytgi.benchmark.http.records import RequestSender
 from pytgi.benchmark.http.report import write_markdown
@@ -75,6 +74,8 @@ def _host(url: str | None) -> str:
 
 def write_outputs(run: BenchRun, out_dir: Path) -> dict[str, Path]:
     """Writes results.json, report.md and the plots; returns them by kind."""
+    from pytgi.benchmark.http.plots import write_plots  # matplotlib: imported only when used
+
     out_dir.mkdir(parents=True, exist_ok=True)
     data = run.to_dict()
     paths = {"results": write_results(data, out_dir / "results.json")}
