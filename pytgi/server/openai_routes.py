@@ -22,6 +22,7 @@ from pytgi import metrics
 from pytgi.errors import PytgiError, TemplateError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
+from pytgi.router.tools import NO_TOOL
 from pytgi.server.chat_format import ChatChunks, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
@@ -38,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 router = APIRouter()
 
-NO_TOOL = "no_tool"
-
 
 def _grammar(req: ChatRequest) -> GrammarParam | None:
     try:
@@ -51,14 +50,13 @@ def _grammar(req: ChatRequest) -> GrammarParam | None:
         ) from None
 
 
-async def render(ctx: ServerContext, req: ChatRequest, *, with_tools: bool = True) -> ChatPrompt:
-    tools = req.tool_dicts() if with_tools else None
+async def render(ctx: ServerContext, req: ChatRequest) -> ChatPrompt:
     try:
         return await run_in_threadpool(
             ctx.infer.render_chat,
             req.message_dicts(),
-            tools=tools,
-            tool_choice=req.tool_choice if with_tools else None,
+            tools=req.tool_dicts(),
+            tool_choice=req.tool_choice,
             tool_prompt=req.tool_prompt,
             response_format=_grammar(req),
         )
@@ -79,7 +77,7 @@ async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) ->
         tool_call = ctx.infer.parse_tool_call(gen.generated_text, prompt)
         if tool_call.name == NO_TOOL:
             plain = _no_tool_request(req)
-            prompt = await render(ctx, plain, with_tools=False)
+            prompt = await render(ctx, plain)
             gen = await _generate_plain(ctx, plain, prompt)
             tool_call = None
     body = chat_completion(ctx, gen, tool_call=tool_call, logprobs=req.logprobs)
