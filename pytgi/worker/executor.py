@@ -8,6 +8,8 @@ its shard, and only rank 0 samples. A rank that died turns the next step into an
 from __future__ import annotations
 
 import logging
+import queue
+import time
 from abc import ABC, abstractmethod
 
 import torch.multiprocessing as mp
@@ -21,6 +23,7 @@ from pytgi.worker.worker import Worker, run_worker
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 300.0  # spawned ranks import torch and pytgi before they report in
 
 
 class Executor(ABC):
@@ -69,24 +72,44 @@ class MultiprocExecutor(Executor):
     def initialize(self) -> CacheInfo:
         model_dir = _model_dir(self.config)
         ctx = mp.get_context("spawn")
+        started = ctx.Queue()
         for rank in range(1, self.config.parallel.num_shard):
             proc = ctx.Process(
                 target=run_worker,
-                args=(self.config, rank, model_dir),
+                args=(self.config, rank, model_dir, started),
                 name=f"pytgi-tp-rank-{rank}",
                 daemon=True,
             )
             proc.start()
             self.procs.append(proc)
+        self._wait_started(started)
         try:
             self.worker = Worker(self.config, rank=0)
             return self.worker.initialize(model_dir)
         except RuntimeError:
-            self._raise_if_rank_died()
+            self._raise_if_rank_died(wait_s=2.0)
             raise
 
-    def _raise_if_rank_died(self) -> None:
+    def _wait_started(self, started) -> None:
+        """Wait until every spawned rank is about to join the group, so that a rank that fails to
+        start is reported at once rather than after the process-group timeout."""
+        pending = set(range(1, self.config.parallel.num_shard))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while pending:
+            try:
+                pending.discard(started.get(timeout=0.5))
+            except queue.Empty:
+                self._raise_if_rank_died()
+                if time.monotonic() > deadline:
+                    raise EngineDeadError(
+                        f"tensor-parallel ranks {sorted(pending)} did not start within "
+                        f"{START_TIMEOUT_S:.0f}s"
+                    ) from None
+
+    def _raise_if_rank_died(self, wait_s: float = 0.0) -> None:
+        deadline = time.monotonic() + wait_s
         for rank, proc in enumerate(self.procs, start=1):
+            proc.join(max(0.0, deadline - time.monotonic()))  # 0: just poll
             if not proc.is_alive():
                 raise EngineDeadError(
                     f"tensor-parallel rank {rank} died (exit code {proc.exitcode}); "
@@ -99,7 +122,7 @@ class MultiprocExecutor(Executor):
             tp_broadcast_object(scheduler_output)
             return self.worker.execute(scheduler_output)
         except RuntimeError:
-            self._raise_if_rank_died()
+            self._raise_if_rank_died(wait_s=2.0)
             raise
 
     def shutdown(self) -> None:

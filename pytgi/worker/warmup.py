@@ -1,5 +1,4 @@
-"""The warm-up step: a dummy SchedulerOutput shaped like a busy real step (prefills plus decodes).
-"""
+"""The warm-up step: a dummy SchedulerOutput shaped like a busy real step (prefills, decodes)."""
 
 from __future__ import annotations
 

@@ -45,8 +45,7 @@ class Worker:
         self.runner = ModelRunner(config, self.platform)
 
     def initialize(self, model_dir: Path) -> CacheInfo:
-        """Load, warm up, size and allocate the KV cache; every rank ends with the same num_blocks.
-        """
+        """Load, warm up, size and allocate the KV cache; all ranks end with the same num_blocks."""
         t0 = time.perf_counter()
         self.runner.load_model(model_dir)
         t1 = time.perf_counter()
@@ -105,11 +104,13 @@ class Worker:
         destroy_distributed()
 
 
-def run_worker(config: EngineConfig, rank: int, model_dir: Path) -> None:
-    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor)."""
+def run_worker(config: EngineConfig, rank: int, model_dir: Path, started) -> None:
+    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor); reports its rank on `started`
+    (a multiprocessing queue) just before joining the process group."""
     from pytgi.utils.logging import setup_logging
 
     setup_logging()
+    started.put(rank)
     worker = Worker(config, rank)
     worker.initialize(model_dir)
     while (scheduler_output := tp_broadcast_object()) is not None:

@@ -1,0 +1,102 @@
+"""Two real ranks over gloo: sharded layers (with their all-reduce / gather) equal the unsharded
+computation. Rank 0 runs in the test process, rank 1 in one spawned process."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.tp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load(layer, name, tensor, shard_id=None):
+    param = getattr(layer, name)
+    args = (param, tensor) if shard_id is None else (param, tensor, shard_id)
+    param.weight_loader(*args)
+
+
+def _check_mlp(x):
+    from pytgi.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+
+    gate, up, down, bias = (
+        torch.randn(12, 8),
+        torch.randn(12, 8),
+        torch.randn(8, 12),
+        torch.randn(8),
+    )
+    gate_up, down_proj = MergedColumnParallelLinear(8, [12, 12]), RowParallelLinear(12, 8, True)
+    _load(gate_up, "weight", gate, 0)
+    _load(gate_up, "weight", up, 1)
+    _load(down_proj, "weight", down)
+    _load(down_proj, "bias", bias)
+    g, u = gate_up(x).chunk(2, dim=-1)
+    expected = F.linear(F.silu(x @ gate.T) * (x @ up.T), down, bias)
+    torch.testing.assert_close(down_proj(F.silu(g) * u), expected)
+
+
+def _check_qkv(x):
+    from pytgi.distributed.comm import tp_all_gather
+    from pytgi.layers.linear import QKVParallelLinear
+
+    wq, wk, wv = torch.randn(8, 8), torch.randn(2, 8), torch.randn(2, 8)  # 4 heads, 1 kv head
+    qkv = QKVParallelLinear(8, 2, num_heads=4, num_kv_heads=1)
+    for shard_id, w in zip("qkv", (wq, wk, wv), strict=True):
+        _load(qkv, "weight", w, shard_id)
+    q, k, v = qkv(x).split([qkv.q_size, qkv.kv_size, qkv.kv_size], dim=-1)
+    torch.testing.assert_close(tp_all_gather(q), x @ wq.T)
+    torch.testing.assert_close(k, x @ wk.T)  # the single kv head is replicated on both ranks
+    torch.testing.assert_close(v, x @ wv.T)
+
+
+def _check_vocab(rank):
+    from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+
+    weight, ids, hidden = torch.randn(11, 8), torch.tensor([0, 5, 6, 10]), torch.randn(3, 8)
+    emb, head = VocabParallelEmbedding(11, 8), ParallelLMHead(11, 8)
+    _load(emb, "weight", weight)
+    _load(head, "weight", weight)
+    torch.testing.assert_close(emb(ids), weight[ids])
+    logits = head.compute_logits(hidden)
+    if rank == 0:
+        torch.testing.assert_close(logits, hidden @ weight.T)
+    else:
+        assert logits is None
+
+
+def _run_rank(rank: int, port: int) -> None:
+    from pytgi.distributed.comm import tp_broadcast_object, tp_min
+    from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+
+    torch.set_num_threads(1)
+    init_distributed(rank, 2, "127.0.0.1", port)
+    try:
+        torch.manual_seed(0)  # both ranks draw the same full weights and inputs
+        x = torch.randn(5, 8)
+        _check_mlp(x)
+        _check_qkv(x)
+        _check_vocab(rank)
+        assert tp_min(10 + rank) == 10
+        assert tp_broadcast_object({"step": 1} if rank == 0 else None) == {"step": 1}
+    finally:
+        destroy_distributed()
+
+
+def test_sharded_layers_equal_unsharded():
+    port = free_port()
+    other = mp.get_context("spawn").Process(target=_run_rank, args=(1, port), daemon=True)
+    other.start()
+    try:
+        _run_rank(0, port)
+    finally:
+        other.join(60)
+    assert other.exitcode == 0, f"rank 1 failed (exit code {other.exitcode}); see its stderr"

@@ -1,0 +1,96 @@
+"""MultiprocExecutor with two gloo ranks gives the single-process results (tokens and logprobs,
+including prefill logprobs), and a rank that dies turns the next step into EngineDeadError."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from models.runner_utils import BlockAllocator, prompt, scheduled, step
+
+from pytgi.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from pytgi.errors import EngineDeadError
+from pytgi.worker.executor import MultiprocExecutor, UniprocExecutor, create_executor
+
+pytestmark = pytest.mark.tp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(model_dir, num_shard: int) -> EngineConfig:
+    return EngineConfig(
+        model=ModelConfig(model_id=str(model_dir)),
+        cache=CacheConfig(num_blocks=24),
+        scheduler=SchedulerConfig(max_batch_prefill_tokens=64),
+        parallel=ParallelConfig(num_shard=num_shard, master_port=free_port()),
+        num_threads=1,
+    )
+
+
+def run_steps(executor) -> list:
+    """A mixed prefill step, a chunk with prefill logprobs, then decodes of both requests."""
+    blocks = BlockAllocator()
+    a, b = prompt(20, seed=21), prompt(30, seed=22)
+    a_blocks, b_blocks = blocks.take(20 + 4), blocks.take(30 + 4)
+    outputs = [
+        executor.execute(
+            step(
+                scheduled("a", a, 0, 20, a_blocks),
+                scheduled("b", b, 0, 16, b_blocks, sample=False, prefill_logprobs=True),
+            )
+        )
+    ]
+    outputs.append(
+        executor.execute(step(scheduled("b", b, 16, 30, b_blocks, prefill_logprobs=True)))
+    )
+    for _ in range(3):
+        a = a + [outputs[-1].sampled["a"].token_id] if "a" in outputs[-1].sampled else a
+        b = b + [outputs[-1].sampled["b"].token_id]
+        outputs.append(
+            executor.execute(
+                step(
+                    scheduled("a", a, len(a) - 1, len(a), a_blocks),
+                    scheduled("b", b, len(b) - 1, len(b), b_blocks),
+                )
+            )
+        )
+    return outputs
+
+
+def test_two_shards_match_one_and_detect_a_dead_rank(tiny_model_factory):
+    torch.set_num_threads(1)
+    model_dir = tiny_model_factory("qwen2", num_key_value_heads=1)  # q/k/v bias, replicated kv
+    single = create_executor(config(model_dir, 1))
+    assert isinstance(single, UniprocExecutor)
+    single.initialize()
+    expected = run_steps(single)
+    single.shutdown()
+
+    sharded = create_executor(config(model_dir, 2))
+    assert isinstance(sharded, MultiprocExecutor)
+    try:
+        assert sharded.initialize().num_blocks == 24
+        for want, got in zip(expected, run_steps(sharded), strict=True):
+            assert {r: t.token_id for r, t in got.sampled.items()} == {
+                r: t.token_id for r, t in want.sampled.items()
+            }
+            for rid, token in got.sampled.items():
+                assert token.logprob == pytest.approx(want.sampled[rid].logprob, abs=1e-4)
+            for rid, values in want.prefill_logprobs.items():
+                torch.testing.assert_close(
+                    torch.tensor(got.prefill_logprobs[rid]),
+                    torch.tensor(values),
+                    atol=1e-4,
+                    rtol=0,
+                    equal_nan=True,
+                )
+        sharded.procs[0].kill()
+        with pytest.raises(EngineDeadError, match="tensor-parallel rank 1 died"):
+            sharded.execute(step(scheduled("c", [5, 6], 0, 2, [0])))
+    finally:
+        sharded.shutdown()
