@@ -120,6 +120,8 @@ class _DrainingServer:
                 app.state.health.set("draining")
                 logger.info("Signal %s received: draining in-flight requests", sig)
                 super().handle_exit(sig, frame)
+                # uvicorn re-raises captured signals after serving; a drained exit is a clean exit
+                self._captured_signals.clear()
 
         return Server(config)
 

@@ -53,7 +53,8 @@ class ServerProcess:
         raise TimeoutError(f"server not healthy after {timeout_s}s:\n{self.logs()}")
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def child_pids(self) -> list[int]:

@@ -5,6 +5,7 @@ against transformers.
 
 from __future__ import annotations
 
+import huggingface_hub
 import pytest
 import torch
 import transformers
@@ -33,7 +34,7 @@ def reference(tiny_model_factory):
 def test_tgi_client_generate_matches_transformers(pytgi_server_url, reference):
     ref_ids, tok = reference
     client = Client(pytgi_server_url, timeout=60)
-    resp = client.generate(PROMPT, max_new_tokens=12, details=True, decoder_input_details=True)
+    resp = client.generate(PROMPT, max_new_tokens=12, decoder_input_details=True)
     ids = [t.id for t in resp.details.tokens]
     n = next((i + 1 for i, t in enumerate(ids) if t == tok.eos_token_id), len(ids))
     assert ids == ref_ids[:n]
@@ -46,7 +47,7 @@ def test_tgi_client_generate_matches_transformers(pytgi_server_url, reference):
 
 
 def test_tgi_client_one_token(pytgi_server_url):
-    resp = Client(pytgi_server_url).generate(PROMPT, max_new_tokens=1, details=True)
+    resp = Client(pytgi_server_url).generate(PROMPT, max_new_tokens=1)
     assert resp.details.generated_tokens == 1
     assert resp.details.finish_reason.value == "length"
 
@@ -62,14 +63,14 @@ def test_tgi_client_stream_concatenates_to_final_text(pytgi_server_url):
 
 def test_tgi_client_best_of_samples(pytgi_server_url):
     client = Client(pytgi_server_url, timeout=60)
-    resp = client.generate(PROMPT, max_new_tokens=5, best_of=2, do_sample=True, details=True)
+    resp = client.generate(PROMPT, max_new_tokens=5, best_of=2, do_sample=True)
     assert resp.details.seed is not None
     assert len(resp.details.best_of_sequences) == 1
 
 
 def test_tgi_client_seeded_sampling_is_reproducible(pytgi_server_url):
     client = Client(pytgi_server_url, timeout=60)
-    kwargs = dict(max_new_tokens=8, do_sample=True, temperature=0.9, seed=7, details=True)
+    kwargs = dict(max_new_tokens=8, do_sample=True, temperature=0.9, seed=7)
     a = client.generate(PROMPT, **kwargs)
     b = client.generate(PROMPT, **kwargs)
     assert a.generated_text == b.generated_text and a.details.seed == 7
@@ -121,12 +122,15 @@ def test_openai_completions_several_prompts(pytgi_server_url):
     assert texts == {c.index: c.text for c in resp.choices}
 
 
-def test_huggingface_hub_client(pytgi_server_url):
+def test_huggingface_hub_client(pytgi_server_url, monkeypatch):
+    # the suite runs with HF_HUB_OFFLINE=1 (nothing may reach a hub); this client talks to loopback
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     client = InferenceClient(base_url=pytgi_server_url)
-    text = client.text_generation(PROMPT, max_new_tokens=6)
-    assert isinstance(text, str)
+    text = client.text_generation(PROMPT, max_new_tokens=6, return_full_text=False)
     streamed = "".join(client.text_generation(PROMPT, max_new_tokens=6, stream=True))
     assert streamed == text
+    # TGI: `POST /` returns the full text by default for models without a hub pipeline tag
+    assert client.text_generation(PROMPT, max_new_tokens=6) == PROMPT + text
     chat = client.chat_completion([{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
     assert chat.choices[0].message.role == "assistant"
     parts = client.chat_completion(

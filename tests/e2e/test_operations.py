@@ -66,16 +66,20 @@ def test_payload_limit_is_413(guarded_server):
 
 def test_concurrency_limit_is_an_immediate_429(guarded_server):
     url = guarded_server.url
-    body = {"inputs": "hello", "parameters": {"max_new_tokens": 400}}
+    # greedy from this prompt loops without EOS on the tiny model, so the stream stays busy
+    body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 300}}
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{url}/generate_stream", json=body, headers=AUTH) as stream:
-            next(stream.iter_lines())
+            lines = stream.iter_lines()
+            next(lines)
             start = time.monotonic()
             resp = httpx.post(f"{url}/generate", json=body, headers=AUTH, timeout=10)
             assert resp.status_code == 429
             assert time.monotonic() - start < 5
             assert resp.json()["error_type"] == "overloaded"
             assert "retry-after" in resp.headers
+            final = [line for line in lines if '"generated_text":"' in line]
+    assert final and '"index":300' in final[0]
 
 
 def test_disconnect_aborts_and_frees_blocks(pytgi_server_url):
@@ -103,7 +107,7 @@ def test_sigterm_drains_in_flight_requests(tiny_model_factory, tmp_path):
     result = {}
 
     def stream_one():
-        body = {"inputs": "hello", "parameters": {"max_new_tokens": 60, "details": True}}
+        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 300, "details": True}}
         with httpx.stream("POST", f"{server.url}/generate_stream", json=body, timeout=60) as r:
             events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
         result["final"] = events[-1]
@@ -116,7 +120,7 @@ def test_sigterm_drains_in_flight_requests(tiny_model_factory, tmp_path):
     code = server.proc.wait(60)
     server.stop()
     assert code == 0, server.logs()
-    assert result["final"]["details"]["generated_tokens"] == 60
+    assert result["final"]["details"]["generated_tokens"] == 300
 
 
 def test_engine_crash_ends_the_launcher(tiny_model_factory, tmp_path):
