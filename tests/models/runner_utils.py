@@ -32,6 +32,7 @@ def load_hf(model_dir: Path):
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, attn_implementation="eager", dtype=torch.float32
     )
+    model.generation_config.eos_token_id = None  # greedy comparisons never stop early
     return model.eval()
 
 
