@@ -14,8 +14,13 @@ from pytgi.errors import ModelLoadError
 from pytgi.models.loader import build_model
 from pytgi.models.registry import resolve_architecture, supported_architectures
 
-ARCH_NAMES = ["GraniteForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-              "Qwen3ForCausalLM"]
+ARCH_NAMES = [
+    "GraniteForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+]
 
 
 @pytest.fixture
@@ -27,8 +32,9 @@ def model_copy(tiny_model_factory, tmp_path):
 
 
 def build(model_dir):
-    return build_model(ModelConfig(model_id=str(model_dir)), model_dir, torch.float32,
-                       torch.device("cpu"))
+    return build_model(
+        ModelConfig(model_id=str(model_dir)), model_dir, torch.float32, torch.device("cpu")
+    )
 
 
 def edit_weights(model_dir, edit) -> None:
