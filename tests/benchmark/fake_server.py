@@ -30,7 +30,8 @@ class FakeServerConfig:
     fail_every: int = 1  # with an error_mode: every Nth request fails
     error_after_tokens: int = 0
     max_tokens_cap: int | None = None  # stop early (like EOS)
-    role_preamble: bool = False  # vLLM's first chunk: role only, `content: ""`
+    role_preamble: bool = False  # vLLM style: a role-only first chunk, no role in later ones
+    empty_first_token: bool = False  # the first token decodes to "" (a held-back partial char)
 
 
 @dataclass
@@ -184,11 +185,13 @@ async def _tgi_events(server: FakeServer, payload: dict, max_new_tokens: int, fa
 async def _openai_events(server: FakeServer, payload: dict, fails: bool, chat: bool):
     max_tokens = payload["max_tokens"]
     num_tokens = min(max_tokens, server.config.max_tokens_cap or max_tokens)
-    if chat and server.config.role_preamble:
+    vllm_style = chat and server.config.role_preamble
+    if vllm_style:
         yield _sse(_chunk(chat, "", None, role=True), space=True)
     async for i in server.tokens(max_tokens, fails):
         finish = "length" if i == num_tokens - 1 else None
-        yield _sse(_chunk(chat, f" w{i}", finish, role=chat), space=True)
+        text = "" if i == 0 and server.config.empty_first_token else f" w{i}"
+        yield _sse(_chunk(chat, text, finish, role=chat and not vllm_style), space=True)
     if fails:
         if server.config.error_mode == "event":
             error = {"message": "Input validation error: boom", "http_status_code": 422}

@@ -66,10 +66,16 @@ def test_without_server_usage_tokens_are_counted_from_events(fake_server, api):
     assert result.num_output_tokens == result.num_token_events == 4
 
 
-def test_role_only_preamble_chunk_is_not_a_token(fake_server):
-    fake_server.reset(role_preamble=True)
+@pytest.mark.parametrize(
+    "style", [{"role_preamble": True}, {"empty_first_token": True}, {"role_preamble": True,
+              "empty_first_token": True, "report_usage": False}]
+)  # fmt: skip
+def test_vllm_role_preamble_is_no_token_but_an_empty_tgi_token_is(fake_server, style):
+    fake_server.reset(first_token_delay_s=0.02, token_delay_s=0.005, **style)
     result = send(fake_server.url, "chat")
+    assert result.ok, result.error
     assert result.num_token_events == result.num_output_tokens == 6
+    assert len(result.itl_s) == 5
 
 
 @pytest.mark.parametrize(

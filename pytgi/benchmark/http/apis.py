@@ -30,11 +30,13 @@ class ApiOptions:
 class StreamState:
     """What the events of one request said so far."""
 
-    num_token_events: int = 0
     server_output_tokens: int | None = None
     server_prompt_tokens: int | None = None
     finished: bool = False  # the server said the generation is complete
     ended: bool = False  # no more events will come (TGI's final event, OpenAI's `[DONE]`)
+    num_chunks: int = 0  # OpenAI chunks with a choice
+    maybe_preamble: bool = False  # the first chunk was role-only with `content: ""`
+    retract_first_token: bool = False  # ... and it turned out to carry no token
     error: str | None = None
 
 
@@ -119,6 +121,7 @@ class OpenAIApi(ABC):
         choices = event.get("choices") or []
         if not choices or not isinstance(choices[0], dict):
             return False
+        state.num_chunks += 1
         if choices[0].get("finish_reason"):
             state.finished = True
         return self.is_token(choices[0], state)
@@ -140,13 +143,22 @@ class ChatApi(OpenAIApi):
         return {"messages": [{"role": "user", "content": prompt}]}
 
     def is_token(self, choice: dict[str, Any], state: StreamState) -> bool:
+        """Every chunk with string content is a token (TGI sends `""` for a held-back partial
+        character), except vLLM's opening chunk: role only, `content: ""`. It cannot be told
+        apart from a TGI token that decoded to `""` until the next chunk: TGI names the role in
+        every chunk, vLLM only in the first, so the first is retracted then.
+        """
         delta = choice.get("delta") or {}
         content = delta.get("content")
-        if not isinstance(content, str):
-            return False
-        # vLLM opens with a role-only chunk (`content: ""`) that carries no token
-        is_preamble = not content and "role" in delta and not choice.get("finish_reason")
-        return not (is_preamble and state.num_token_events == 0)
+        if state.maybe_preamble and "role" not in delta:
+            state.retract_first_token = True
+        state.maybe_preamble = (
+            state.num_chunks == 1
+            and content == ""
+            and "role" in delta
+            and not choice.get("finish_reason")
+        )
+        return isinstance(content, str)
 
 
 class CompletionsApi(OpenAIApi):

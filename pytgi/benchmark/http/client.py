@@ -90,7 +90,9 @@ class HttpSender:
         """Handles one event; returns whether the stream is over (error, `[DONE]`, TGI's last)."""
         if self.api.read_event(data, state):
             recorder.record_token_event()
-            state.num_token_events += 1
+        if state.retract_first_token:
+            recorder.drop_first_token_event()
+            state.retract_first_token = False
         return state.error is not None or state.ended
 
     async def aclose(self) -> None:

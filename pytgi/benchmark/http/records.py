@@ -67,6 +67,10 @@ class StreamRecorder:
     def record_token_event(self) -> None:
         self._event_times_s.append(time.perf_counter())
 
+    def drop_first_token_event(self) -> None:
+        """The first event turned out to carry no token (see `apis.ChatApi.is_token`)."""
+        self._event_times_s.pop(0)
+
     def finish(
         self,
         error: str | None = None,
