@@ -4,7 +4,8 @@
 `add_compare_args` / `run_compare` for `compare`. `run_load_bench(args, open_target)` is the hook
 for other targets (the engine benchmark passes an opener for its in-process sender). Also
 runnable alone: `python -m pytgi.benchmark.http_cli --url ... --tokenizer-name ...`.
-Exit codes: 0 the run finished and requests succeeded, 1 no request succeeded, 2 bad settings.
+Exit codes: 0 the run finished and requests succeeded, 1 no request succeeded, 2 bad settings,
+130 interrupted (the steps that completed are still written).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ FLAG_GROUPS: dict[str, tuple[Flag, ...]] = {
         Flag("--api", "tgi: POST /generate_stream; chat: /v1/chat/completions; completions: "
              "/v1/completions", default="tgi", choices=API_NAMES),
         Flag("--model", "`model` field for the OpenAI routes (default: the first id of "
-             "GET /v1/models, else 'tgi')"),
-        Flag("--api-key", "sent as `Authorization: Bearer KEY`"),
+             "GET /v1/models, else 'tgi')", metavar="NAME"),
+        Flag("--api-key", "sent as `Authorization: Bearer KEY`", metavar="KEY"),
     ),
     "workload": (
         Flag("--tokenizer-name", "tokenizer used to build prompts of exact token lengths: a "
-             "tokenizer.json, a model directory, or a hub id (read from the local cache first)"),
-        Flag("--tokenizer-revision", "hub revision of --tokenizer-name"),
+             "tokenizer.json, a model directory, or a hub id (read from the local cache first)",
+             metavar="NAME"),
+        Flag("--tokenizer-revision", "hub revision of --tokenizer-name", metavar="REV"),
         Flag("--profile", f"prompt/output length profile ({PROFILE_HELP})", default="chat",
              choices=tuple(PROFILES)),
         Flag("--prompt-tokens", "prompt length distribution, overriding the profile: N, "
@@ -63,10 +65,12 @@ FLAG_GROUPS: dict[str, tuple[Flag, ...]] = {
         Flag("--prompts-file", "prompts to send instead of synthetic ones: .jsonl with "
              "{\"prompt\", \"output_tokens\"?} per line, or plain text with one per line",
              metavar="PATH"),
-        Flag("--temperature", "sample at this temperature (default: greedy)", type=float),
+        Flag("--temperature", "sample at this temperature (default: greedy)", type=float,
+             metavar="T"),
         Flag("--ignore-eos", "ask the server to ignore EOS (vLLM, llama.cpp; OpenAI routes)",
              type=None),
-        Flag("--seed", "seed of prompts, lengths and arrival times", type=int, default=0),
+        Flag("--seed", "seed of prompts, lengths and arrival times", type=int, default=0,
+             metavar="N"),
     ),
     "load": (
         Flag("--concurrency", "sweep these concurrency levels, e.g. 1,2,4,8 (default: 1)",
@@ -75,33 +79,39 @@ FLAG_GROUPS: dict[str, tuple[Flag, ...]] = {
              metavar="LIST"),
         Flag("--find-max-rate", "search the highest rate meeting the SLO (doubling from "
              "--rate-min, then bisection)", type=None),
-        Flag("--rate-min", "first rate of the search (req/s)", type=float, default=0.5),
-        Flag("--rate-max", "highest rate the search tries (req/s)", type=float, default=64.0),
-        Flag("--bisections", "bisection steps after the doubling phase", type=int, default=3),
+        Flag("--rate-min", "first rate of the search (req/s)", type=float, default=0.5,
+             metavar="RATE"),
+        Flag("--rate-max", "highest rate the search tries (req/s)", type=float, default=64.0,
+             metavar="RATE"),
+        Flag("--bisections", "bisection steps after the doubling phase", type=int, default=3,
+             metavar="N"),
     ),
     "bounds (per step)": (
-        Flag("--duration", "seconds of measured load per step", type=float, default=30.0),
-        Flag("--max-requests", "measured requests per step at most", type=int, default=200),
+        Flag("--duration", "seconds of measured load per step", type=float, default=30.0,
+             metavar="S"),
+        Flag("--max-requests", "measured requests per step at most", type=int, default=200,
+             metavar="N"),
         Flag("--warmup-requests", "requests sent first and not measured (default: one per "
-             "concurrency slot, or one second of arrivals)", type=int),
-        Flag("--max-concurrency", "cap on requests in flight at a rate", type=int, default=256),
+             "concurrency slot, or one second of arrivals)", type=int, metavar="N"),
+        Flag("--max-concurrency", "cap on requests in flight at a rate", type=int, default=256,
+             metavar="N"),
         Flag("--request-timeout", "seconds before one request counts as failed", type=float,
-             default=120.0),
+             default=120.0, metavar="S"),
         Flag("--abort-after-failures", "end a step after this many failures with no success",
-             type=int, default=10),
+             type=int, default=10, metavar="N"),
     ),
     "objective (SLO)": (
-        Flag("--slo-ttft-ms", "time-to-first-token objective (ms)", type=float),
-        Flag("--slo-itl-ms", "inter-token latency objective (ms)", type=float),
+        Flag("--slo-ttft-ms", "time-to-first-token objective (ms)", type=float, metavar="MS"),
+        Flag("--slo-itl-ms", "inter-token latency objective (ms)", type=float, metavar="MS"),
         Flag("--slo-percentile", "percentile the objectives apply to", type=int, default=90,
              choices=SLO_PERCENTILES),
         Flag("--slo-max-error-rate", "error rate a step may have and still meet the SLO",
-             type=float, default=0.01),
+             type=float, default=0.01, metavar="FRACTION"),
     ),
     "output": (
         Flag("--output-dir", "where results.json, report.md and the plots go (default: "
              "bench-results/<time>)", metavar="DIR"),
-        Flag("--name", "label of this run in reports and comparisons"),
+        Flag("--name", "label of this run in reports and comparisons", metavar="LABEL"),
         Flag("--no-progress", "no live progress bar", type=None),
     ),
 }  # fmt: skip
@@ -146,6 +156,8 @@ def run_load_bench(args: argparse.Namespace, open_target: TargetOpener) -> int:
     run = asyncio.run(run_bench(options, workload, open_target))
     paths = write_outputs(run, options.output_dir)
     _print_summary(run, paths)
+    if run.outcome.interrupted:
+        return 130
     succeeded = sum(step.summary.num_succeeded for step in run.outcome.steps)
     return 0 if succeeded else 1
 

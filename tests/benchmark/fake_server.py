@@ -122,6 +122,10 @@ def _build_app(server: FakeServer) -> FastAPI:
     def http_error() -> JSONResponse:
         return JSONResponse({"error": "Model is overloaded", "error_type": "overloaded"}, 503)
 
+    @app.get("/info")
+    async def info():
+        return {"model_id": "fake/model", "max_total_tokens": 4096, "router": "fake"}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": "fake/model", "object": "model"}]}

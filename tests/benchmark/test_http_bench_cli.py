@@ -63,8 +63,9 @@ def test_concurrency_sweep_writes_consistent_results_report_and_plots(
         png = (out_dir / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 10_000
     assert "Peak throughput" in out and "| c=3 |" in out
+    assert data["target"]["model"] == "fake/model"  # from GET /info or GET /v1/models
     if api != "tgi":
-        assert fake_server.stats.payloads[0]["model"] == "fake/model"  # from GET /v1/models
+        assert fake_server.stats.payloads[0]["model"] == "fake/model"
 
 
 def test_rate_sweep_with_slo_marks_each_step(fake_server, bench_argv, tmp_path, capsys):

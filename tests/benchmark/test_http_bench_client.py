@@ -131,6 +131,7 @@ def test_payloads_follow_each_api(fake_server):
     assert "ignore_eos" not in completions
 
 
-def test_model_name_is_discovered_from_v1_models(fake_server, closed_port_url):
-    assert asyncio.run(discover_model_name(fake_server.url)) == "fake/model"
-    assert asyncio.run(discover_model_name(closed_port_url)) is None
+@pytest.mark.parametrize("api", APIS)
+def test_model_name_is_discovered_from_info_or_v1_models(fake_server, closed_port_url, api):
+    assert asyncio.run(discover_model_name(fake_server.url, api=api)) == "fake/model"
+    assert asyncio.run(discover_model_name(closed_port_url, api=api)) is None

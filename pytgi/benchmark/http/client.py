@@ -112,15 +112,23 @@ async def _http_error(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {message or response.reason_phrase}"
 
 
-async def discover_model_name(base_url: str, api_key: str | None = None) -> str | None:
-    """The first model id of `GET /v1/models` (vLLM and llama.cpp want it), or None."""
+async def discover_model_name(
+    base_url: str, api_key: str | None = None, api: str = "chat"
+) -> str | None:
+    """The served model's id, or None: `GET /info` (TGI, pytgi) for the `tgi` API, else the first
+    id of `GET /v1/models` (vLLM and llama.cpp expect it in the `model` field)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    path = "/info" if api == "tgi" else "/v1/models"
     try:
         async with httpx.AsyncClient(base_url=normalize_base_url(base_url), timeout=5.0) as client:
-            response = await client.get("/v1/models", headers=headers)
-            models = response.json().get("data") or []
-    except (httpx.HTTPError, json.JSONDecodeError, AttributeError):
+            body = (await client.get(path, headers=headers)).json()
+    except (httpx.HTTPError, json.JSONDecodeError):
         return None
-    if models and isinstance(models[0], dict) and isinstance(models[0].get("id"), str):
-        return models[0]["id"]
-    return None
+    if not isinstance(body, dict):
+        return None
+    if api == "tgi":
+        model = body.get("model_id")
+    else:
+        models = body.get("data")
+        model = models[0].get("id") if models and isinstance(models[0], dict) else None
+    return model if isinstance(model, str) else None

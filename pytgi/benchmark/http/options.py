@@ -72,21 +72,31 @@ class BenchOptions:
 
     def settings(self) -> dict[str, Any]:
         """What shaped the numbers, for the results file."""
-        w, p, lim = self.workload, self.plan, self.limits
-        workload = {"profile": w.profile, "prompts_file": str(w.prompts_file or "") or None}
-        workload |= {"prompt_tokens": w.prompt_lengths.describe(), "seed": w.seed}
-        workload["output_tokens"] = w.output_lengths.describe()
-        plan = {"mode": p.mode, "levels": list(p.levels)}
-        if p.mode == "search":
-            plan |= {"rate_min": p.rate_min, "rate_max": p.rate_max, "bisections": p.num_bisections}
-        bounds = {"duration_s": lim.duration_s, "max_requests": lim.max_requests}
-        bounds |= {"warmup_requests": "auto" if lim.num_warmup is None else lim.num_warmup}
-        bounds |= {
-            "max_concurrency": lim.max_concurrency,
-            "request_timeout_s": self.request_timeout_s,
+        workload, plan, limits = self.workload, self.plan, self.limits
+        search = plan.mode == "search"
+        return {
+            "workload": {
+                "profile": workload.profile,
+                "prompt_tokens": workload.prompt_lengths.describe(),
+                "output_tokens": workload.output_lengths.describe(),
+                "prompts_file": str(workload.prompts_file) if workload.prompts_file else None,
+                "seed": workload.seed,
+            },
+            "plan": {
+                "mode": plan.mode,
+                "levels": list(plan.levels),
+                **({"rate_min": plan.rate_min, "rate_max": plan.rate_max} if search else {}),
+                **({"bisections": plan.num_bisections} if search else {}),
+            },
+            "bounds": {
+                "duration_s": limits.duration_s,
+                "max_requests": limits.max_requests,
+                "warmup_requests": "auto" if limits.num_warmup is None else limits.num_warmup,
+                "max_concurrency": limits.max_concurrency,
+                "request_timeout_s": self.request_timeout_s,
+            },
+            "sampling": {"temperature": self.temperature, "ignore_eos": self.ignore_eos},
         }
-        sampling = {"temperature": self.temperature, "ignore_eos": self.ignore_eos}
-        return {"workload": workload, "plan": plan, "bounds": bounds, "sampling": sampling}
 
 
 def _positive(args: argparse.Namespace, *names: str) -> None:

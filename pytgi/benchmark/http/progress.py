@@ -39,7 +39,9 @@ class TqdmProgress:
     def start(self, label: str, total: int, duration_s: float) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(total=total, desc=f"{label:>12}", unit="req", file=sys.stderr, leave=True)
+        self._bar = tqdm(
+            total=total, desc=f"{label:>12}", unit="req", file=sys.stderr, disable=None
+        )  # disable=None: no bar when stderr is not a terminal (CI logs)
         self._num_failed = 0
         self._deadline_s = time.monotonic() + duration_s
 

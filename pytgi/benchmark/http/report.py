@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 STEP_COLUMNS = (
-    "load", "sent", "ok", "failed", "err %", "req/s", "out tok/s",
+    "load", "sent", "ok", "failed", "err %", "req/s", "out tok/s", "tok/req",
     "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p90", "ITL p99", "E2E p50", "E2E p90",
 )  # fmt: skip
 PLOTS = (
@@ -22,7 +22,9 @@ PLOTS = (
 
 def render_markdown(data: dict[str, Any], plot_files: list[str] | None = None) -> str:
     lines = [f"# pytgi bench: {data['name']}", "", _target_line(data), ""]
-    lines += ["## Result", "", *headline(data), ""]
+    lines += ["## Result", ""]
+    for line in headline(data):
+        lines += [line, ""]
     lines += ["## Steps", "", "Latencies in ms.", "", *steps_table(data["steps"]), ""]
     lines += _errors_section(data["steps"])
     if plot_files:
@@ -85,6 +87,8 @@ def _step_cells(step: dict[str, Any], with_slo: bool) -> list[str]:
     cells = [step["label"], str(step["num_sent"]), str(step["num_succeeded"])]
     cells += [str(step["num_failed"]), f"{100 * step['error_rate']:.1f}"]
     cells += [f"{step['request_throughput']:.2f}", f"{step['output_token_throughput']:.1f}"]
+    tokens = step.get("output_tokens")
+    cells.append(f"{tokens['mean']:.1f}" if tokens else "–")
     for metric, pcts in (("ttft_ms", (50, 90, 99)), ("itl_ms", (50, 90, 99)), ("e2e_ms", (50, 90))):
         dist = step.get(metric)
         cells += [f"{dist[f'p{p}']:.1f}" if dist else "–" for p in pcts]

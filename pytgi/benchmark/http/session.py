@@ -30,9 +30,7 @@ TargetOpener = Callable[[BenchOptions], Awaitable[tuple[RequestSender, dict[str,
 
 
 async def open_http_target(options: BenchOptions) -> tuple[RequestSender, dict[str, Any]]:
-    model = options.model
-    if model is None and options.api != "tgi":
-        model = await discover_model_name(options.url, options.api_key) or "tgi"
+    model = options.model or await discover_model_name(options.url, options.api_key, options.api)
     api = make_api(options.api, ApiOptions(model or "tgi", options.temperature, options.ignore_eos))
     max_connections = max(options.limits.max_concurrency, *_concurrency_levels(options))
     sender = HttpSender(
@@ -59,6 +57,7 @@ async def run_bench(
         outcome = await runner.run(options.plan)
     except asyncio.CancelledError:
         outcome = runner.outcome("interrupted; the steps that completed are kept")
+        outcome.interrupted = True
     finally:
         await sender.aclose()
     name = options.name or f"{target.get('api')} @ {_host(target.get('url'))}"

@@ -76,6 +76,7 @@ class SweepOutcome:
     steps: list[StepRecord]
     best_load: float | None = None  # highest load level that met the SLO
     stop_reason: str | None = None
+    interrupted: bool = False  # Ctrl-C: the steps are those that completed
 
 
 class SweepRunner:
