@@ -33,8 +33,9 @@ def hub_cache_dir() -> str | None:
     return get("HUGGINGFACE_HUB_CACHE") or get("HF_HUB_CACHE")
 
 
-def compute_type() -> str:
-    return get("COMPUTE_TYPE") or "cpu"
+def compute_type() -> str | None:
+    """TGI's `x-compute-type` override (the launcher's default is `{num_shard}-{device}`)."""
+    return get("COMPUTE_TYPE")
 
 
 def set_default_threading_env() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -32,9 +33,8 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     from pytgi.server.app import create_app
 
-    app = create_app(
-        infer, engine, server_cfg, engine.cache_info, model_info=_model_info(server_cfg)
-    )
+    model_info = _model_info(server_cfg, args)
+    app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
     return asyncio.run(run_http(app, server_cfg, engine))
 
 
@@ -91,12 +91,12 @@ async def run_http(app, server_cfg, engine) -> int:
     )
     server = _DrainingServer(config, app)
     supervisor = asyncio.create_task(_supervise(server, app, engine))
-    metrics_server = _start_prometheus_port(server_cfg.prometheus_port)
+    metrics_task = _start_prometheus_port(server_cfg, engine)
     logger.info("Connected: listening on %s:%d", server_cfg.hostname, server_cfg.port)
     await server.serve()
     supervisor.cancel()
-    if metrics_server is not None:
-        metrics_server.shutdown()
+    if metrics_task is not None:
+        metrics_task.cancel()
     engine_died = not engine.is_alive and not server.drained_by_signal
     await engine.shutdown()
     if engine_died:
@@ -136,15 +136,21 @@ async def _supervise(server, app, engine) -> None:
             return
 
 
-def _start_prometheus_port(port: int | None):
-    if not port:
+def _start_prometheus_port(server_cfg, engine) -> asyncio.Task | None:
+    """TGI's extra Prometheus listener: the metrics on any GET path of `--prometheus-port`."""
+    if not server_cfg.prometheus_port:
         return None
-    from prometheus_client import start_http_server
+    import uvicorn
 
-    from pytgi import metrics
+    from pytgi.server.app import create_metrics_app
 
-    server, _ = start_http_server(port, registry=metrics.REGISTRY)
-    return server
+    app = create_metrics_app(engine, engine.cache_info)
+    config = uvicorn.Config(
+        app, host=server_cfg.hostname, port=server_cfg.prometheus_port, log_config=None
+    )
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # the main server owns the signals
+    return asyncio.create_task(server.serve())
 
 
 def _model_sha(model_dir: Path) -> str | None:
@@ -154,5 +160,11 @@ def _model_sha(model_dir: Path) -> str | None:
     return None
 
 
-def _model_info(server_cfg) -> dict:
-    return {"model_id": server_cfg.model_id, "model_sha": server_cfg.model_sha}
+def _model_info(server_cfg, args: argparse.Namespace) -> dict:
+    num_shard = configs.num_shard(args)
+    return {
+        "model_id": server_cfg.model_id,
+        "model_sha": server_cfg.model_sha,
+        "validation_workers": args.validation_workers,
+        "compute_type": envs.compute_type() or f"{num_shard}-cpu",
+    }
