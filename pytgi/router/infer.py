@@ -21,6 +21,7 @@ from pytgi.engine.client import EngineClient
 from pytgi.engine.outputs import RequestOutput
 from pytgi.engine.request import FinishReason
 from pytgi.errors import IncompleteGenerationError, OverloadedError
+from pytgi.router import request_metrics
 from pytgi.router.chat import ChatRenderer
 from pytgi.router.errors import IncompleteStreamError, generation_error
 from pytgi.router.outputs import (
@@ -81,17 +82,20 @@ class Infer:
         failed during generation: …") or `IncompleteGenerationError` (500).
         """
         start = time.monotonic()
-        best_of = self.validator.check_best_of(params)
-        with self._permits(best_of):
-            req = await self.validator.validate(
-                inputs, params, add_special_tokens=add_special_tokens
-            )
-            validated = time.monotonic()
-            builders = await self._run_candidates(req, _candidate_seeds(req))
+        with request_metrics.observe():
+            best_of = self.validator.check_best_of(params)
+            with self._permits(best_of):
+                req = await self.validator.validate(
+                    inputs, params, add_special_tokens=add_special_tokens
+                )
+                validated = time.monotonic()
+                request_metrics.record_validated(req.input_length, req.stopping.max_new_tokens)
+                builders = await self._run_candidates(req, _candidate_seeds(req))
         best = max(range(len(builders)), key=lambda i: builders[i].mean_logprob())
         prefix = inputs if req.return_full_text else ""
         chosen = builders[best]
         timings = _timings(start, validated, chosen.queue_s)
+        request_metrics.record_success(timings, len(chosen.tokens))
         others = None
         if best_of > 1:
             others = [
@@ -122,25 +126,30 @@ class Infer:
         gone) aborts the request in the engine and releases the permit.
         """
         start = time.monotonic()
-        self.validator.check_best_of(params, stream=True)
-        with self._permits(1):
-            req = await self.validator.validate(
-                inputs, params, add_special_tokens=add_special_tokens
-            )
-            validated = time.monotonic()
-            builder = SequenceBuilder(self.tokenizer, req, req.sampling.seed)
-            index = 0
-            async with aclosing(self._token_steps(req, builder, stream_events=True)) as deltas:
-                async for steps in deltas:
-                    for i, step in enumerate(steps):
-                        index += 1
-                        if builder.finished and i == len(steps) - 1:
-                            timings = _timings(start, validated, builder.queue_s)
-                            yield _final_event(index, step, builder, inputs, timings)
-                            return
-                        yield StreamEvent(index, step.token, step.top_tokens, step.text_delta)
-            # the engine finished without a token to carry the final event
-            raise IncompleteStreamError()
+        with request_metrics.observe():
+            self.validator.check_best_of(params, stream=True)
+            with self._permits(1):
+                req = await self.validator.validate(
+                    inputs, params, add_special_tokens=add_special_tokens
+                )
+                validated = time.monotonic()
+                request_metrics.record_validated(req.input_length, req.stopping.max_new_tokens)
+                builder = SequenceBuilder(self.tokenizer, req, req.sampling.seed)
+                steps = self._token_steps(req, builder, stream_events=True)
+                index = 0
+                async with aclosing(steps) as deltas:
+                    async for step_list in deltas:
+                        for i, step in enumerate(step_list):
+                            index += 1
+                            if builder.finished and i == len(step_list) - 1:
+                                timings = _timings(start, validated, builder.queue_s)
+                                request_metrics.record_success(timings, len(builder.tokens))
+                                yield _final_event(index, step, builder, inputs, timings)
+                                return
+                            token_event = (step.token, step.top_tokens, step.text_delta)
+                            yield StreamEvent(index, *token_event)
+                # the engine finished without a token to carry the final event
+                raise IncompleteStreamError()
 
     async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[TokenSpan]:
         """TGI `/tokenize`: ids with their text and byte offsets into `inputs` (no truncation)."""

@@ -55,6 +55,8 @@ def test_api_key_is_enforced(guarded_server):
     assert httpx.post(f"{guarded_server.url}/generate", json=body, headers=wrong).status_code == 401
     ok = httpx.post(f"{guarded_server.url}/generate", json=body, headers=AUTH, timeout=60)
     assert ok.status_code == 200
+    assert metric(guarded_server.url, "tgi_request_success") >= 1
+    assert metric(guarded_server.url, "tgi_request_generated_tokens_count") >= 1
     assert httpx.get(f"{guarded_server.url}/health").status_code == 200  # not protected
 
 

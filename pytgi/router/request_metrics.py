@@ -1,0 +1,55 @@
+"""TGI's per-request Prometheus metrics, recorded where TGI records them: in the generate core.
+
+`observe()` wraps one generate / generate_stream call: it counts the request, labels a failure by
+its error type (TGI's `err` label) and, on success, records durations and token counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from pytgi import metrics
+from pytgi.errors import (
+    GenerationError,
+    IncompleteGenerationError,
+    OverloadedError,
+    PytgiError,
+    ValidationError,
+)
+from pytgi.router.outputs import Timings
+
+_FAILURE_LABELS: tuple[tuple[type[PytgiError], str], ...] = (
+    (ValidationError, "validation"),
+    (OverloadedError, "overloaded"),
+    (IncompleteGenerationError, "incomplete"),
+    (GenerationError, "generation"),
+)
+
+
+@contextmanager
+def observe() -> Iterator[None]:
+    metrics.tgi_request_count.inc()
+    try:
+        yield
+    except PytgiError as exc:
+        label = next((lbl for cls, lbl in _FAILURE_LABELS if isinstance(exc, cls)), "generation")
+        metrics.tgi_request_failure.labels(err=label).inc()
+        raise
+
+
+def record_validated(input_length: int, max_new_tokens: int) -> None:
+    metrics.tgi_request_input_length.observe(input_length)
+    metrics.tgi_request_max_new_tokens.observe(max_new_tokens)
+
+
+def record_success(timings: Timings, generated_tokens: int) -> None:
+    metrics.tgi_request_success.inc()
+    metrics.tgi_request_duration.observe(timings.total_s)
+    metrics.tgi_request_validation_duration.observe(timings.validation_s)
+    metrics.tgi_request_queue_duration.observe(timings.queue_s)
+    metrics.tgi_request_inference_duration.observe(timings.inference_s)
+    metrics.tgi_request_generated_tokens.observe(generated_tokens)
+    if generated_tokens:
+        per_token = timings.inference_s / generated_tokens
+        metrics.tgi_request_mean_time_per_token_duration.observe(per_token)
