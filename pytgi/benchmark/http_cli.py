@@ -113,6 +113,7 @@ FLAG_GROUPS: dict[str, tuple[Flag, ...]] = {
              "bench-results/<time>)", metavar="DIR"),
         Flag("--name", "label of this run in reports and comparisons", metavar="LABEL"),
         Flag("--no-progress", "no live progress bar", type=None),
+        Flag("--no-plots", "skip the PNG plots (results.json and report.md only)", type=None),
     ),
 }  # fmt: skip
 
@@ -154,7 +155,7 @@ def run_load_bench(args: argparse.Namespace, open_target: TargetOpener) -> int:
     except BenchConfigError as exc:
         return _fail(str(exc))
     run = asyncio.run(run_bench(options, workload, open_target))
-    paths = write_outputs(run, options.output_dir)
+    paths = write_outputs(run, options.output_dir, plots=options.plots)
     _print_summary(run, paths)
     if run.outcome.interrupted:
         return 130

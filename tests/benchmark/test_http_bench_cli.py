@@ -42,7 +42,7 @@ def test_concurrency_sweep_writes_consistent_results_report_and_plots(
 ):
     fake_server.reset(token_delay_s=0.002)
     argv = bench_argv(fake_server.url, "--api", api, "--concurrency", "1,3")
-    argv += ["--warmup-requests", "0"]
+    argv += ["--warmup-requests", "0"] + ([] if api == "tgi" else ["--no-plots"])  # plots: once
     code, out, _ = run_cli(argv, capsys)
     assert code == 0
     out_dir = tmp_path / "out"
@@ -58,10 +58,12 @@ def test_concurrency_sweep_writes_consistent_results_report_and_plots(
     total = sum(r["output_tokens"] for s in data["steps"] for r in s["requests"])
     assert total == fake_server.stats.num_generated_tokens  # no warm-up: every token is measured
     report = (out_dir / "report.md").read_text()
-    assert "| c=1 |" in report and "| c=3 |" in report and "(throughput_latency.png)" in report
-    for name in ("throughput_latency.png", "ttft_distribution.png", "itl_distribution.png"):
-        png = (out_dir / name).read_bytes()
-        assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+    assert "| c=1 |" in report and "| c=3 |" in report
+    if api == "tgi":
+        assert "(throughput_latency.png)" in report
+        for name in ("throughput_latency.png", "ttft_distribution.png", "itl_distribution.png"):
+            png = (out_dir / name).read_bytes()
+            assert png.startswith(PNG_MAGIC) and len(png) > 10_000
     assert "Peak throughput" in out and "| c=3 |" in out
     assert data["target"]["model"] == "fake/model"  # from GET /info or GET /v1/models
     if api != "tgi":
@@ -69,7 +71,7 @@ def test_concurrency_sweep_writes_consistent_results_report_and_plots(
 
 
 def test_rate_sweep_with_slo_marks_each_step(fake_server, bench_argv, tmp_path, capsys):
-    argv = bench_argv(fake_server.url, "--rates", "20,40", "--slo-ttft-ms", "5000")
+    argv = bench_argv(fake_server.url, "--rates", "20,40", "--slo-ttft-ms", "5000", "--no-plots")
     code, out, _ = run_cli(argv + ["--duration", "0.3", "--warmup-requests", "2"], capsys)
     assert code == 0
     data = load(tmp_path / "out")
@@ -77,6 +79,8 @@ def test_rate_sweep_with_slo_marks_each_step(fake_server, bench_argv, tmp_path, 
     assert all(s["meets_slo"] for s in data["steps"]) and data["best_load"] == 40
     assert data["slo"]["ttft_ms"] == 5000 and data["load_mode"] == "rate"
     assert "Highest load meeting the SLO" in out and "**40 req/s**" in out
+    assert not list((tmp_path / "out").glob("*.png"))
+    assert "## Plots" not in (tmp_path / "out" / "report.md").read_text()
     for step in data["steps"]:
         assert_consistent(step)
         assert step["num_warmup"] == 2
@@ -104,7 +108,9 @@ def test_failing_server_ends_with_a_clear_summary(fake_server, bench_argv, tmp_p
 
 def test_partial_errors_are_counted_and_reported(fake_server, bench_argv, tmp_path, capsys):
     fake_server.reset(error_mode="http", fail_every=3)
-    code, _, _ = run_cli(bench_argv(fake_server.url, "--warmup-requests", "0"), capsys)
+    code, _, _ = run_cli(
+        bench_argv(fake_server.url, "--warmup-requests", "0", "--no-plots"), capsys
+    )
     assert code == 0
     step = load(tmp_path / "out")["steps"][0]
     assert_consistent(step)
@@ -152,11 +158,12 @@ def test_options_record_the_settings(parse_bench_args, bench_argv):
 
 def test_compare_puts_two_runs_side_by_side(fake_server, bench_argv, tmp_path, capsys):
     fake_server.reset(token_delay_s=0.001)
-    assert main(bench_argv(fake_server.url, "--name", "fast", "--max-requests", "4")) == 0
+    options = ["--max-requests", "4", "--no-plots"]
+    assert main(bench_argv(fake_server.url, "--name", "fast", *options)) == 0
     fast = tmp_path / "fast.json"
     (tmp_path / "out" / "results.json").rename(fast)
     fake_server.reset(token_delay_s=0.01)
-    assert main(bench_argv(fake_server.url, "--name", "slow", "--max-requests", "4")) == 0
+    assert main(bench_argv(fake_server.url, "--name", "slow", *options)) == 0
     capsys.readouterr()
     output = tmp_path / "compare.md"
     code, out, _ = run_cli(["compare", str(fast), str(tmp_path / "out" / "results.json"),

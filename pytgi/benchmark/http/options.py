@@ -37,6 +37,7 @@ class BenchOptions:
     output_dir: Path
     name: str | None
     progress: bool
+    plots: bool
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchOptions:
@@ -68,6 +69,7 @@ class BenchOptions:
             output_dir=Path(args.output_dir),
             name=args.name,
             progress=not args.no_progress,
+            plots=not args.no_plots,
         )
 
     def settings(self) -> dict[str, Any]:

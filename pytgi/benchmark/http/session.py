@@ -71,14 +71,16 @@ def _host(url: str | None) -> str:
     return urlsplit(url).netloc if url else "in-process"
 
 
-def write_outputs(run: BenchRun, out_dir: Path) -> dict[str, Path]:
-    """Writes results.json, report.md and the plots; returns them by kind."""
-    from pytgi.benchmark.http.plots import write_plots  # matplotlib: imported only when used
-
+def write_outputs(run: BenchRun, out_dir: Path, plots: bool = True) -> dict[str, Path]:
+    """Writes results.json, report.md and (if `plots`) the PNGs; returns the paths by kind."""
     out_dir.mkdir(parents=True, exist_ok=True)
     data = run.to_dict()
     paths = {"results": write_results(data, out_dir / "results.json")}
-    plot_files = write_plots(data, out_dir)
+    plot_files = []
+    if plots:
+        from pytgi.benchmark.http.plots import write_plots  # matplotlib: imported only when used
+
+        plot_files = write_plots(data, out_dir)
     paths["report"] = write_markdown(data, out_dir / "report.md", plot_files)
     paths |= {name.removesuffix(".png"): out_dir / name for name in plot_files}
     return paths
