@@ -14,9 +14,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        x32 = x if x.dtype == torch.float32 else x.float()
         variance = x32.pow(2).mean(-1, keepdim=True)  # [..., 1]
-        return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(x.dtype)
+        normed = x32 * torch.rsqrt(variance + self.eps)  # [..., D]
+        return self.weight * (normed if normed.dtype == x.dtype else normed.to(x.dtype))
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

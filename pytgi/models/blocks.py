@@ -34,7 +34,6 @@ class RopeAttention(nn.Module):
             prefix=f"{prefix}.qkv_proj",
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.split_sizes = [self.qkv_proj.q_size, self.qkv_proj.kv_size, self.qkv_proj.kv_size]
         self.o_proj = RowParallelLinear(
             spec.num_heads * spec.head_dim,
             spec.hidden_size,
@@ -55,14 +54,15 @@ class RopeAttention(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
-        q = q.unflatten(-1, (self.num_heads, self.head_dim))  # [T, H, D]
-        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, KVH, D]
-        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, KVH, D]
+        h, kvh = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.attn(q, k, v)  # [T, H, D]
+            q = apply_rotary(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
+            k = apply_rotary(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
+        else:  # q and k heads are adjacent: rotate them in one go
+            qk = apply_rotary(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
+            q, k = qk[:, :h], qk[:, h:]
+        out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
 
 

@@ -118,8 +118,8 @@ class CpuAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, metadata: CpuAttentionMetadata, scale, sliding_window):
         k_cache, v_cache = kv_cache
-        k_cache.index_copy_(0, metadata.slot_mapping, k.to(k_cache.dtype))
-        v_cache.index_copy_(0, metadata.slot_mapping, v.to(v_cache.dtype))
+        k_cache.index_copy_(0, metadata.slot_mapping, k)
+        v_cache.index_copy_(0, metadata.slot_mapping, v)
         view = metadata.view(sliding_window)
         outs = []
         if view.decode is not None:
@@ -127,7 +127,7 @@ class CpuAttentionBackend(AttentionBackend):
             outs.append(_decode(q[:num_decode], k_cache, v_cache, view.decode, scale))
         outs.extend(_prefill(q, k, v, k_cache, v_cache, row, scale) for row in view.prefills)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
-        return out.to(q.dtype)
+        return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 def _fp32(x: torch.Tensor) -> torch.Tensor:
