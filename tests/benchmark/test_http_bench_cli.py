@@ -3,6 +3,7 @@ clear endings for unreachable and failing servers, bad flags, and `compare`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,7 +13,8 @@ import pytest
 
 from pytgi.benchmark.http.errors import BenchConfigError
 from pytgi.benchmark.http.options import BenchOptions
-from pytgi.benchmark.http_cli import main
+from pytgi.benchmark.http.records import StreamRecorder
+from pytgi.benchmark.http_cli import main, run_load_bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -193,3 +195,38 @@ def test_module_runs_alone_without_importing_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "--url" in proc.stdout and "--find-max-rate" in proc.stdout
+
+
+class SleepingSender:
+    """A non-HTTP target for the `run_load_bench` hook: each request yields its tokens after
+    short sleeps, timed by the same `StreamRecorder` the HTTP client uses."""
+
+    def __init__(self) -> None:
+        self.num_sent = 0
+
+    async def send(self, spec):
+        self.num_sent += 1
+        recorder = StreamRecorder(spec)
+        for _ in range(spec.max_new_tokens):
+            await asyncio.sleep(0.001)
+            recorder.record_token_event()
+        return recorder.finish(server_output_tokens=spec.max_new_tokens)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_other_targets_plug_in_through_run_load_bench(parse_bench_args, bench_argv, tmp_path):
+    sender = SleepingSender()
+
+    async def open_target(options):
+        return sender, {"url": None, "api": "in-process", "model": "sleepy"}
+
+    args = parse_bench_args(bench_argv("", "--concurrency", "2", "--no-plots"))
+    assert run_load_bench(args, open_target) == 0
+    data = load(tmp_path / "out")
+    assert data["name"] == "in-process @ in-process" and data["target"]["model"] == "sleepy"
+    step = data["steps"][0]
+    assert_consistent(step)
+    assert step["num_sent"] == 12 and sender.num_sent == 12 + 2  # two warm-up requests
+    assert all(r["token_events"] == r["output_tokens"] for r in step["requests"])
