@@ -85,6 +85,8 @@ def _yarn(dim, base, max_position, scaling):
     return interpolated * (1 - keep) + extrapolated * keep, float(attn_factor)
 
 
+INITIAL_TABLE_POSITIONS = 8192  # the cos/sin table grows on demand (128k positions = 128 MiB)
+
 ROPE_SCALINGS = {
     "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
     "linear": _linear,
@@ -108,7 +110,7 @@ class RotaryEmbedding(nn.Module):
                 f"unsupported rope_scaling type '{self.rope_type}' "
                 f"(supported: {', '.join(sorted(ROPE_SCALINGS))})"
             )
-        self._build_table(max_position)
+        self._build_table(min(max_position, INITIAL_TABLE_POSITIONS))
 
     def _inv_freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Frequencies for each position: [dim/2] shared by all, or [L, dim/2] (dynamic)."""

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.comm import tp_broadcast_object
+from pytgi.distributed.parallel_state import destroy_distributed
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import EngineDeadError
 from pytgi.worker.worker import Worker, run_worker
@@ -68,75 +69,104 @@ class MultiprocExecutor(Executor):
         self.config = config
         self.worker: Worker | None = None
         self.procs: list = []
+        self.reports = None  # queue of ("started" | "failed", rank, message) from spawned ranks
+        self.failures: dict[int, str] = {}
+        self.ready = False  # every rank initialised and following rank 0's broadcasts
 
     def initialize(self) -> CacheInfo:
         model_dir = _model_dir(self.config)
         ctx = mp.get_context("spawn")
-        started = ctx.Queue()
+        self.reports = ctx.Queue()
         for rank in range(1, self.config.parallel.num_shard):
             proc = ctx.Process(
                 target=run_worker,
-                args=(self.config, rank, model_dir, started),
+                args=(self.config, rank, model_dir, self.reports),
                 name=f"pytgi-tp-rank-{rank}",
                 daemon=True,
             )
             proc.start()
             self.procs.append(proc)
-        self._wait_started(started)
         try:
+            self._wait_started()
             self.worker = Worker(self.config, rank=0)
-            return self.worker.initialize(model_dir)
-        except RuntimeError:
-            self._raise_if_rank_died(wait_s=2.0)
-            raise
+            cache_info = self.worker.initialize(model_dir)
+        except Exception as e:
+            try:
+                if isinstance(e, RuntimeError):  # a collective failed: was it a dead rank?
+                    self._check_ranks(wait_s=2.0, cause=e)
+                raise
+            finally:
+                self.shutdown()
+        self.ready = True
+        return cache_info
 
-    def _wait_started(self, started) -> None:
+    def _wait_started(self) -> None:
         """Wait until every spawned rank is about to join the group, so that a rank that fails to
         start is reported at once rather than after the process-group timeout."""
         pending = set(range(1, self.config.parallel.num_shard))
         deadline = time.monotonic() + START_TIMEOUT_S
         while pending:
             try:
-                pending.discard(started.get(timeout=0.5))
+                kind, rank, message = self.reports.get(timeout=0.5)
             except queue.Empty:
-                self._raise_if_rank_died()
+                self._check_ranks()
                 if time.monotonic() > deadline:
                     raise EngineDeadError(
                         f"tensor-parallel ranks {sorted(pending)} did not start within "
                         f"{START_TIMEOUT_S:.0f}s"
                     ) from None
+                continue
+            pending.discard(rank)
+            if kind == "failed":
+                self.failures[rank] = message
 
-    def _raise_if_rank_died(self, wait_s: float = 0.0) -> None:
+    def _check_ranks(self, wait_s: float = 0.0, cause: BaseException | None = None) -> None:
+        """Raise EngineDeadError (with the rank's own error when it reported one) if a rank died."""
         deadline = time.monotonic() + wait_s
         for rank, proc in enumerate(self.procs, start=1):
             proc.join(max(0.0, deadline - time.monotonic()))  # 0: just poll
-            if not proc.is_alive():
-                raise EngineDeadError(
-                    f"tensor-parallel rank {rank} died (exit code {proc.exitcode}); "
-                    "see its log above. The server cannot continue with a missing shard."
-                )
+            if proc.is_alive():
+                continue
+            self._drain_reports()
+            reason = self.failures.get(rank, "see its log above")
+            raise EngineDeadError(
+                f"tensor-parallel rank {rank} died (exit code {proc.exitcode}): {reason}. "
+                "The server cannot continue with a missing shard."
+            ) from cause
+
+    def _drain_reports(self) -> None:
+        while True:
+            try:
+                kind, rank, message = self.reports.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "failed":
+                self.failures[rank] = message
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        self._raise_if_rank_died()
+        self._check_ranks()
         try:
             tp_broadcast_object(scheduler_output)
             return self.worker.execute(scheduler_output)
-        except RuntimeError:
-            self._raise_if_rank_died(wait_s=2.0)
+        except RuntimeError as e:
+            self._check_ranks(wait_s=2.0, cause=e)
             raise
 
     def shutdown(self) -> None:
-        if self.worker is not None and all(p.is_alive() for p in self.procs):
-            tp_broadcast_object(None)
+        if self.ready and all(p.is_alive() for p in self.procs):
+            tp_broadcast_object(None)  # the ranks leave their step loop
         for proc in self.procs:
-            proc.join(SHUTDOWN_TIMEOUT_S)
+            proc.join(SHUTDOWN_TIMEOUT_S if self.ready else 0.0)
             if proc.is_alive():
                 logger.warning("rank process %s did not exit; terminating it", proc.name)
                 proc.terminate()
+                proc.join(SHUTDOWN_TIMEOUT_S)
         self.procs = []
+        self.ready = False
         if self.worker is not None:
             self.worker.shutdown()
             self.worker = None
+        destroy_distributed()
 
 
 def create_executor(config: EngineConfig) -> Executor:

@@ -104,15 +104,20 @@ class Worker:
         destroy_distributed()
 
 
-def run_worker(config: EngineConfig, rank: int, model_dir: Path, started) -> None:
-    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor); reports its rank on `started`
-    (a multiprocessing queue) just before joining the process group."""
+def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports) -> None:
+    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor). `reports` (a multiprocessing
+    queue) gets ("started", rank, "") before the rank joins the group and ("failed", rank, error)
+    if it fails, so that rank 0 can say why a shard died."""
     from pytgi.utils.logging import setup_logging
 
     setup_logging()
-    started.put(rank)
-    worker = Worker(config, rank)
-    worker.initialize(model_dir)
-    while (scheduler_output := tp_broadcast_object()) is not None:
-        worker.execute(scheduler_output)
+    reports.put(("started", rank, ""))
+    try:
+        worker = Worker(config, rank)
+        worker.initialize(model_dir)
+        while (scheduler_output := tp_broadcast_object()) is not None:
+            worker.execute(scheduler_output)
+    except Exception as e:
+        reports.put(("failed", rank, f"{type(e).__name__}: {e}"))
+        raise
     worker.shutdown()

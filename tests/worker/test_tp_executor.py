@@ -94,3 +94,20 @@ def test_two_shards_match_one_and_detect_a_dead_rank(tiny_model_factory):
             sharded.execute(step(scheduled("c", [5, 6], 0, 2, [0])))
     finally:
         sharded.shutdown()
+
+
+def test_dead_rank_error_carries_the_rank_error():
+    import multiprocessing
+    import sys
+
+    from pytgi.worker.executor import MultiprocExecutor
+
+    executor = MultiprocExecutor(config("unused", 2))
+    ctx = multiprocessing.get_context("fork")
+    executor.reports = ctx.Queue()
+    executor.reports.put(("failed", 1, "ModelLoadError: the checkpoint is missing 1 tensor(s)"))
+    proc = ctx.Process(target=sys.exit, args=(1,))
+    proc.start()
+    executor.procs = [proc]
+    with pytest.raises(EngineDeadError, match=r"rank 1 died \(exit code 1\): ModelLoadError: the"):
+        executor._check_ranks(wait_s=5.0)
