@@ -83,14 +83,14 @@ def _latency_panel(ax, steps: list[dict[str, Any]], metric: str, slo: dict[str, 
         ax.axhline(limit, ls="--", color=SLO_COLOR, label=f"SLO: p{slo['percentile']} objective")
     ax.set(xlabel="output tokens / s", ylabel="ms")
     ax.margins(x=0.12, y=0.18)
-    ax.set_ylim(bottom=0)
+    _y_range_with(ax, limit)
     ax.grid(alpha=0.3)
 
 
 def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: Path) -> None:
     width = max(6.5, 1.1 * len(steps) + 2)
     fig = Figure(figsize=(width, 4.6))
-    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, bottom=0.13, top=0.9)
+    fig.subplots_adjust(left=0.8 / width, right=1 - 0.2 / width, bottom=0.22, top=0.9)
     ax = fig.subplots()
     positions = [i for i, values in enumerate(samples, 1) if values]
     data = [values for values in samples if values]
@@ -106,10 +106,17 @@ def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: 
         )
     ax.set_xticks(range(1, len(steps) + 1), [s["label"] for s in steps])
     ax.set(title=f"{title} per step (box p25–p75, whiskers p1–p99)", ylabel="ms", xlabel="load")
-    ax.set_ylim(bottom=0)
+    ax.margins(y=0.08)
+    _y_range_with(ax, limit)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="best")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     _save(fig, path)
+
+
+def _y_range_with(ax, limit: float | None) -> None:
+    """From 0 up to the data, and past the SLO line (axhline does not autoscale)."""
+    top = ax.get_ylim()[1]
+    ax.set_ylim(0, top if limit is None else max(top, limit * 1.1))
 
 
 def _save(fig: Figure, path: Path) -> None:
