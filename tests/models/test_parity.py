@@ -50,27 +50,20 @@ def test_chunked_prefill_mixed_with_decode(pair):
     blocks = BlockAllocator()
     a, b = prompt(40, seed=1), prompt(12, seed=2)
     a_blocks, b_blocks = blocks.take(40), blocks.take(12 + 2)
-    first = runner.forward(
+    logits = runner.forward(
         step(scheduled("a", a, 0, 16, a_blocks, sample=False), scheduled("b", b, 0, 12, b_blocks))
     )
-    assert first.shape[0] == 1
-    assert_close(first[0], hf_logits(hf, b)[-1], f"{arch} b prefill")
-    for chunk_end in (32, 40):
-        b = b + [int(first[-1].argmax())]
+    assert logits.shape[0] == 1
+    assert_close(logits[0], hf_logits(hf, b)[-1], f"{arch} b prefill")
+    for start, end in ((16, 32), (32, 40)):
+        b = b + [int(logits[-1].argmax())]
         out = step(
-            scheduled(
-                "a",
-                a,
-                chunk_end - 16 if chunk_end == 32 else 32,
-                chunk_end,
-                a_blocks,
-                sample=chunk_end == 40,
-            ),
+            scheduled("a", a, start, end, a_blocks, sample=end == 40),
             scheduled("b", b, len(b) - 1, len(b), b_blocks, num_prompt=12),
         )
-        first = runner.forward(out)
-        assert_close(first[-1], hf_logits(hf, b)[-1], f"{arch} b decode at {len(b)}")
-    assert_close(first[0], hf_logits(hf, a)[-1], f"{arch} a after 3 chunks")
+        logits = runner.forward(out)
+        assert_close(logits[-1], hf_logits(hf, b)[-1], f"{arch} b decode at {len(b)}")
+    assert_close(logits[0], hf_logits(hf, a)[-1], f"{arch} a after 3 chunks")
 
 
 def test_prefix_cache_hit(pair):
