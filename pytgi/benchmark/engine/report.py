@@ -14,7 +14,7 @@ from pytgi.benchmark.engine.suite import BenchResult, CaseResult, ratios, target
 # (header, RunMetrics field or None for a computed cell, format)
 COLUMNS = (
     ("system", "system", "{}"),
-    ("wall s", "wall_s", "{:.1f}"),
+    ("wall s", "wall_s", "{:.2f}"),
     ("prefill tok/s", "prefill_tok_s", "{:.1f}"),
     ("decode tok/s", "decode_tok_s", "{:.1f}"),
     ("output tok/s", "output_tok_s", "{:.1f}"),
@@ -30,7 +30,11 @@ COLUMNS = (
 def text_report(result: BenchResult) -> str:
     lines = [_header(result)]
     for case in result.cases:
-        lines += ["", f"== {case.workload.name}: {case.workload.description} =="]
+        lines += [
+            "",
+            f"== {case.workload.name}: {case.workload.description} ==",
+            _roofline(result, case),
+        ]
         rows = [_row(m) for m in case.summary.values()]
         lines += _fixed_width([[c[0] for c in COLUMNS], *rows])
         lines += _replay_lines(case) + _ratio_lines(case) + _target_lines(case)
@@ -41,6 +45,7 @@ def markdown_report(result: BenchResult) -> str:
     lines = [_header(result).replace("\n", "  \n")]
     for case in result.cases:
         lines += ["", f"#### {case.workload.name}: {case.workload.description}", ""]
+        lines += [_roofline(result, case), ""]
         lines.append("| " + " | ".join(c[0] for c in COLUMNS) + " |")
         lines.append("|" + "---|" * len(COLUMNS))
         lines += ["| " + " | ".join(_row(m)) + " |" for m in case.summary.values()]
@@ -51,15 +56,23 @@ def markdown_report(result: BenchResult) -> str:
 
 
 def _header(result: BenchResult) -> str:
-    m, r, f, o = result.machine, result.roofline, result.footprint, result.options
+    m, f, o = result.machine, result.footprint, result.options
     return (
         f"model {o.model_id} ({f.num_params / 1e6:.3g} M params, {o.dtype}, "
         f"{f.decode_weight_bytes / 1e6:.3g} MB read per decode step)\n"
         f"machine {m['cpu_model']}, {m['num_cores']} cores, torch {m['torch_version']}, "
-        f"{m['torch_num_threads']} threads; measured {r.bandwidth_gb_s:.1f} GB/s read, "
-        f"{r.gemm_gflop_s:.1f} GFLOP/s fp32 GEMM; "
-        f"bound {f.decode_weight_bytes / (r.bandwidth_gb_s * 1e9) * 1e3:.3g} ms per decode step\n"
+        f"torch threads {m['torch_num_threads']}\n"
         f"repeats {o.repeats}, warm-up {o.warmup}, seed {o.seed}, wall {result.wall_s:.0f} s"
+    )
+
+
+def _roofline(result: BenchResult, case: CaseResult) -> str:
+    r, bytes_per_step = case.roofline, result.footprint.decode_weight_bytes
+    others = _fmt("{:.2f}", math.nan if r.others is None else r.others)
+    return (
+        f"roofline measured before the runs: {r.bandwidth_gb_s:.1f} GB/s read, "
+        f"{r.gemm_gflop_s:.1f} GFLOP/s fp32 GEMM (others {others}); "
+        f"bound {bytes_per_step / (r.bandwidth_gb_s * 1e9) * 1e3:.3g} ms per decode step"
     )
 
 

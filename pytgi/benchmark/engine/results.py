@@ -1,9 +1,10 @@
 """The results file (`--output results.json`): everything needed to read or redo the run.
 
 Layout: `format`, `started_at`, `wall_s`, `command`, `config` (the options and workloads),
-`machine`, `roofline` (measured bandwidth and GEMM), `model` (parameter counts, bytes per decode
-step), and `cases`: per workload its requests, per-system medians (`summary`), every repeat
-(`runs`), the pytgi ÷ baseline `ratios` and the `targets`. NaN is written as null.
+`machine`, `model` (parameter counts, bytes per decode step), and `cases`: per workload its
+requests, the `roofline` measured just before its runs (bandwidth, GEMM), per-system medians
+(`summary`), every repeat (`runs`), the pytgi ÷ baseline `ratios` and the `targets`. NaN is
+written as null.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ def to_json(result: BenchResult, command: list[str] | None = None) -> dict:
             "command": command,
             "config": options,
             "machine": result.machine,
-            "roofline": asdict(result.roofline),
             "model": {
                 **asdict(footprint),
                 "num_matmul_params": footprint.num_matmul_params,
@@ -55,6 +55,7 @@ def _case(case: CaseResult) -> dict:
         "workload": workload.name,
         "description": workload.description,
         "requests": [[r.prompt_len, r.output_len] for r in workload.requests],
+        "roofline": asdict(case.roofline),
         "summary": {name: asdict(m) for name, m in case.summary.items()},
         "runs": {name: [asdict(m) for m in runs] for name, runs in case.runs.items()},
         "ratios": ratios(case),

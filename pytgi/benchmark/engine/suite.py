@@ -53,6 +53,7 @@ class BenchOptions:
 @dataclass
 class CaseResult:
     workload: Workload
+    roofline: MachineRoofline  # measured right before this workload's timed runs
     runs: dict[str, list[RunMetrics]] = field(default_factory=dict)  # system → one per repeat
 
     @property
@@ -64,7 +65,6 @@ class CaseResult:
 class BenchResult:
     options: BenchOptions
     machine: dict
-    roofline: MachineRoofline
     footprint: ModelFootprint
     hf_attn_implementation: str | None
     cases: list[CaseResult] = field(default_factory=list)
@@ -90,20 +90,19 @@ def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult
     start_s = time.perf_counter()
     model_dir = _model_dir(options.model_id)
     footprint = model_footprint(model_dir, options.dtype)
-    log(f"measuring the roofline ({torch.get_num_threads()} threads)")
-    roofline = measure_machine(options.bandwidth_bytes, options.gemm_size)
-    log(f"bandwidth {roofline.bandwidth_gb_s:.1f} GB/s, GEMM {roofline.gemm_gflop_s:.1f} GFLOP/s")
     runners, hf_attn, close = _load_runners(options, model_dir)
-    result = BenchResult(options, machine_info(), roofline, footprint, hf_attn)
+    result = BenchResult(options, machine_info(), footprint, hf_attn)
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
-        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
         for workload in options.workloads:
-            traces = _run_case(workload, runners, options, vocab_size, log)
+            case = _CaseRun(workload, _runners_for(workload, runners), options, vocab_size, log)
+            case.warm_up()
+            roofline = case.measure_roofline()
             runs = {
-                name: [summarize(trace, footprint, roofline) for trace in system_traces]
-                for name, system_traces in traces.items()
+                name: [summarize(trace, footprint, roofline) for trace in traces]
+                for name, traces in case.run_timed().items()
             }
-            result.cases.append(CaseResult(workload, runs))
+            result.cases.append(CaseResult(workload, roofline, runs))
     finally:
         close()
     result.wall_s = time.perf_counter() - start_s
@@ -134,31 +133,53 @@ def _load_runners(options: BenchOptions, model_dir: Path):
     return runners, hf_attn, core.shutdown
 
 
-def _run_case(
-    workload: Workload,
-    runners: dict[str, Runner],
-    options: BenchOptions,
-    vocab_size: int,
-    log: Callable[[str], None],
-) -> dict[str, list[RunTrace]]:
+def _runners_for(workload: Workload, runners: dict[str, Runner]) -> dict[str, Runner]:
     if len(workload.requests) == 1:  # a static batch of one is the sequential run again
-        runners = {name: runner for name, runner in runners.items() if name != "hf_static"}
-    warm = warmup_workload(workload)
-    for index in range(options.warmup):
-        for runner in runners.values():
-            runner(warm, random_prompts(warm, vocab_size, f"{options.seed}-{warm.name}-{index}"))
-    traces: dict[str, list[RunTrace]] = {name: [] for name in runners}
-    for repeat in range(options.repeats):
-        prompts = random_prompts(workload, vocab_size, f"{options.seed}-{workload.name}-{repeat}")
-        for name, runner in runners.items():
-            trace = runner(workload, prompts)
-            trace.check_complete()
-            traces[name].append(trace)
-            log(
-                f"[{workload.name}] repeat {repeat + 1}/{options.repeats} {name}: "
-                f"{trace.wall_s:.1f} s, {trace.num_output_tokens / trace.wall_s:.1f} output tok/s"
+        return {name: runner for name, runner in runners.items() if name != "hf_static"}
+    return runners
+
+
+@dataclass
+class _CaseRun:
+    """One workload: warm-up, the roofline measured just before timing, then the timed rounds."""
+
+    workload: Workload
+    runners: dict[str, Runner]
+    options: BenchOptions
+    vocab_size: int
+    log: Callable[[str], None]
+
+    def warm_up(self) -> None:
+        warm = warmup_workload(self.workload)
+        for index in range(self.options.warmup):
+            prompts = random_prompts(
+                warm, self.vocab_size, f"{self.options.seed}-{warm.name}-{index}"
             )
-    return traces
+            for runner in self.runners.values():
+                runner(warm, prompts)
+
+    def measure_roofline(self) -> MachineRoofline:
+        roofline = measure_machine(self.options.bandwidth_bytes, self.options.gemm_size)
+        self.log(
+            f"[{self.workload.name}] roofline ({roofline.num_threads} threads): "
+            f"{roofline.bandwidth_gb_s:.1f} GB/s, {roofline.gemm_gflop_s:.1f} GFLOP/s"
+        )
+        return roofline
+
+    def run_timed(self) -> dict[str, list[RunTrace]]:
+        name, seed, repeats = self.workload.name, self.options.seed, self.options.repeats
+        traces: dict[str, list[RunTrace]] = {system: [] for system in self.runners}
+        for repeat in range(repeats):
+            prompts = random_prompts(self.workload, self.vocab_size, f"{seed}-{name}-{repeat}")
+            for system, runner in self.runners.items():
+                trace = runner(self.workload, prompts)
+                trace.check_complete()
+                traces[system].append(trace)
+                self.log(
+                    f"[{name}] repeat {repeat + 1}/{repeats} {system}: {trace.wall_s:.1f} s, "
+                    f"{trace.num_output_tokens / trace.wall_s:.1f} output tok/s"
+                )
+        return traces
 
 
 def ratios(case: CaseResult) -> dict[str, dict[str, float]]:
