@@ -161,7 +161,7 @@ class _CaseRun:
     def measure_roofline(self) -> MachineRoofline:
         roofline = measure_machine(self.options.bandwidth_bytes, self.options.gemm_size)
         self.log(
-            f"[{self.workload.name}] roofline ({roofline.num_threads} threads): "
+            f"[{self.workload.name}] roofline with {roofline.num_threads} torch threads: "
             f"{roofline.bandwidth_gb_s:.1f} GB/s, {roofline.gemm_gflop_s:.1f} GFLOP/s"
         )
         return roofline
