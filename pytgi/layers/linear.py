@@ -28,9 +28,8 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 
 
 def load_part(dst: torch.Tensor, loaded: torch.Tensor, dim: int | None, index: int, num_parts: int):
-    """Copy part `index` of `num_parts` equal parts of `loaded` along `dim` into `dst`, shape-
-    checked.
-    """
+    """Copy part `index` of `num_parts` equal parts of `loaded` (split along `dim`) into `dst`,
+    after checking that `loaded` has the full shape."""
     expected = list(dst.shape)
     if dim is not None:
         expected[dim] *= num_parts

@@ -97,8 +97,7 @@ ROPE_SCALINGS = {
 
 
 class RotaryEmbedding(nn.Module):
-    """positions -> (cos, sin) [T, 1, rotary_dim] for `apply_rotary`, from a table grown on demand.
-    """
+    """positions -> (cos, sin) [T, 1, rotary_dim] for `apply_rotary`; the table grows on demand."""
 
     def __init__(self, rotary_dim: int, base: float, max_position: int, scaling: dict | None):
         super().__init__()
@@ -112,23 +111,20 @@ class RotaryEmbedding(nn.Module):
             )
         self._build_table(min(max_position, INITIAL_TABLE_POSITIONS))
 
-    def _inv_freqs(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Frequencies for each position: [dim/2] shared by all, or [L, dim/2] (dynamic)."""
+    def _inv_freqs(self, length: int) -> tuple[torch.Tensor, float]:
+        """Frequencies [dim/2] shared by all positions, or [length, dim/2] (dynamic, long)."""
         fn = ROPE_SCALINGS[self.rope_type]
-        if self.rope_type != "dynamic":
-            return fn(self.rotary_dim, self.base, self.max_position, self.scaling)
-        rows = [
-            fn(self.rotary_dim, self.base, self.max_position, self.scaling, int(p) + 1)[0]
-            for p in positions[self.max_position :]
-        ]
-        inv_freq = fn(self.rotary_dim, self.base, self.max_position, self.scaling)[0]
-        head = inv_freq.expand(min(len(positions), self.max_position), -1)
-        return torch.cat([head, *(r.unsqueeze(0) for r in rows)]), 1.0
+        args = (self.rotary_dim, self.base, self.max_position, self.scaling)
+        if self.rope_type != "dynamic" or length <= self.max_position:
+            return fn(*args)
+        # beyond the trained length, position p uses the frequencies for a sequence of p + 1
+        rows = [fn(*args)[0].expand(self.max_position, -1)]
+        rows += [fn(*args, p + 1)[0].unsqueeze(0) for p in range(self.max_position, length)]
+        return torch.cat(rows), 1.0
 
     def _build_table(self, length: int) -> None:
-        positions = torch.arange(length)
-        inv_freq, attn_factor = self._inv_freqs(positions)
-        freqs = positions.float().unsqueeze(1) * inv_freq  # [L, dim/2]
+        inv_freq, attn_factor = self._inv_freqs(length)
+        freqs = torch.arange(length).float().unsqueeze(1) * inv_freq  # [L, dim/2]
         cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
         self.cos_table = torch.cat([cos, cos], dim=-1)  # [L, dim]
         # rotate-half folded into a sign: x * cos + swap_halves(x) * [-sin | sin]

@@ -104,8 +104,7 @@ def _quant_config(model_config: ModelConfig, hf_config):
 def build_model(
     model_config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device
 ) -> tuple[nn.Module, ModelSpec]:
-    """Instantiate the registered class for the checkpoint and load its weights (this rank's shard).
-    """
+    """Instantiate the registered class for the checkpoint and load this rank's weights."""
     from pytgi.models.weights import iter_weights
 
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)

@@ -69,9 +69,7 @@ class ModelRunner:
         return per_token * self.block_size * self.dtype.itemsize
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Bind zeroed K/V tensors to every attention layer (zeros: padded gathers read finite
-        data).
-        """
+        """Bind zeroed K/V tensors to every attention layer (padded gathers read finite data)."""
         self.num_blocks = num_blocks
         for layer in self.attention_layers:
             shape = self.backend.kv_cache_shape(
@@ -89,9 +87,7 @@ class ModelRunner:
         gc.collect()
 
     def warm_up(self, num_prefill_tokens: int, num_decode_rows: int = 4) -> None:
-        """Run one dummy step (prefill chunks and decode rows) through `execute` on a temporary
-        cache.
-        """
+        """Run one dummy step (prompts and decode rows) through `execute` on a temporary cache."""
         output, num_blocks = dummy_scheduler_output(
             num_prefill_tokens,
             num_decode_rows,
@@ -104,9 +100,7 @@ class ModelRunner:
         self.free_kv_cache()
 
     def profile_num_blocks(self) -> int:
-        """KV blocks that fit in the memory left after weights and warm-up, within the configured
-        cap.
-        """
+        """KV blocks that fit in the memory left after weights and warm-up, within the cap."""
         cache = self.config.cache
         available = self.platform.available_memory_bytes()
         budget = int(available * cache.memory_fraction)
@@ -171,15 +165,14 @@ class ModelRunner:
         all_ids = r.prompt_ids + r.output_ids
         end_pos = r.start_pos + r.num_tokens
         targets = list(r.input_ids[1:]) + ([all_ids[end_pos]] if end_pos < len(all_ids) else [])
+        rows = hidden[row.start : row.start + len(targets)]  # [n, hidden]
+        target_ids = torch.tensor(targets, dtype=torch.int64)  # [n]
         values = []
         for start in range(0, len(targets), LOGPROB_CHUNK_ROWS):
-            chunk = hidden[
-                row.start + start : row.start + min(start + LOGPROB_CHUNK_ROWS, len(targets))
-            ]
-            logits = self.model.compute_logits(chunk)  # [C, V] on rank 0 (collective on all)
+            chunk = slice(start, start + LOGPROB_CHUNK_ROWS)
+            logits = self.model.compute_logits(rows[chunk])  # [C, V] on rank 0, collective on all
             if logits is not None:
-                ids = torch.tensor(targets[start : start + chunk.shape[0]])
-                values.extend(compute_prefill_logprobs(logits, ids).tolist())
+                values += compute_prefill_logprobs(logits, target_ids[chunk]).tolist()
         if not self.tp.is_first_rank:
             return None
         first = (

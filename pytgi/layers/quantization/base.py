@@ -31,9 +31,7 @@ class LinearMethod(ABC):
         params_dtype: torch.dtype,
         weight_loader: Callable,
     ) -> None:
-        """Register this rank's parameters on `layer` (output_partition_sizes: one per packed
-        shard).
-        """
+        """Register this rank's parameters on `layer` (one output size per packed shard)."""
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:  # noqa: B027
         """Turn loaded checkpoint tensors into the layout `apply` wants (default: nothing to do)."""
@@ -52,8 +50,7 @@ class QuantConfig(ABC):
 
     @abstractmethod
     def get_linear_method(self, prefix: str) -> LinearMethod:
-        """The method for the linear layer at `prefix` (formats may leave some modules unquantized).
-        """
+        """The method for the linear layer at `prefix` (a format may leave some unquantized)."""
 
 
 def set_weight_attrs(param: torch.nn.Parameter, **attrs) -> None:
