@@ -1,4 +1,4 @@
-"""The real server (subprocess, tiny llama) driven by the clients people use: TGI's
+"""The real server (subprocess, the demo model) driven by the clients people use: TGI's
 `text-generation`, `huggingface_hub.InferenceClient` and `openai`. Greedy output is checked
 against transformers.
 """
@@ -18,9 +18,9 @@ PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_factory):
+def reference(demo_model_dir):
     """transformers' greedy continuation of PROMPT (fp32, eager) — the correctness reference."""
-    model_dir = tiny_model_factory("llama")
+    model_dir = demo_model_dir
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         model_dir, attn_implementation="eager"
@@ -125,6 +125,7 @@ def test_openai_completions_several_prompts(pytgi_server_url):
 def test_huggingface_hub_client(pytgi_server_url, monkeypatch):
     # the suite runs with HF_HUB_OFFLINE=1 (nothing may reach a hub); this client talks to loopback
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    huggingface_hub.utils.reset_sessions()  # a cached session keeps its offline adapter
     client = InferenceClient(base_url=pytgi_server_url)
     text = client.text_generation(PROMPT, max_new_tokens=6, return_full_text=False)
     streamed = "".join(client.text_generation(PROMPT, max_new_tokens=6, stream=True))

@@ -24,7 +24,7 @@ NON_STREAMS = [
 ]
 
 
-def wait_until(condition, timeout_s: float = 5.0) -> None:
+def wait_until(condition, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
