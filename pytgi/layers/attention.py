@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pytgi.worker.forward_context import get_forward_context
+from pytgi.layers.forward_context import get_forward_context
 
 
 class Attention(nn.Module):

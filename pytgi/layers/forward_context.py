@@ -1,8 +1,8 @@
 """The per-forward context: what attention layers read instead of taking metadata arguments.
 
 The ModelRunner wraps each forward in `forward_context(...)`; `layers.attention.Attention` calls
-`get_forward_context()`. Set for exactly one forward; nesting is a bug. (This module imports nothing
-from the worker package, so layers may read it without pulling the worker in.)
+`get_forward_context()`. Set for exactly one forward; nesting is a bug. It lives in `layers/` (not
+`worker/`, where DESIGN.md first put it) so that imports keep pointing downward.
 """
 
 from __future__ import annotations
