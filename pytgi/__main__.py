@@ -1,4 +1,5 @@
-from pytgi.cli.main import main
 import sys
+
+from pytgi.cli.main import main
 
 sys.exit(main())

@@ -92,7 +92,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class CacheInfo:
-    """What warm-up found: KV capacity and the request limits derived from it (reported by /info)."""
+    """What warm-up found: KV capacity and the request limits derived from it (for /info)."""
 
     num_blocks: int
     block_size: int

@@ -1,10 +1,11 @@
-"""Probe /health while `pytgi bench` saturates a server: shows the HTTP loop never waits for the engine.
+"""Probe /health while `pytgi bench` saturates a server: shows the HTTP loop never waits for the
+engine.
 
-    python scripts/health_under_load.py --url http://127.0.0.1:3000 -- \
-        --tokenizer-name pytgi/demo_model --concurrency 32 --max-requests 96 --no-plots
+python scripts/health_under_load.py --url http://127.0.0.1:3000 --         --tokenizer-name
+pytgi/demo_model --concurrency 32 --max-requests 96 --no-plots
 
-Everything after `--` is passed to `pytgi bench --url URL`. Prints /health latency percentiles (and how
-many probes failed) measured during the load, next to the bench's own report.
+Everything after `--` is passed to `pytgi bench --url URL`. Prints /health latency percentiles (and
+how many probes failed) measured during the load, next to the bench's own report.
 """
 
 from __future__ import annotations

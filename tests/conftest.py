@@ -40,11 +40,18 @@ def tiny_llama_dir(tiny_model_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def pytgi_server(tiny_model_factory, tmp_path_factory):
-    """The real `pytgi serve` subprocess on the tiny llama checkpoint, shared by the whole session."""
+def demo_model_dir() -> Path:
+    from pytgi.demo_model import demo_model_path
+
+    return Path(demo_model_path())
+
+
+@pytest.fixture(scope="session")
+def pytgi_server(demo_model_dir, tmp_path_factory):
+    """The real `pytgi serve` subprocess on the bundled demo model, shared by the whole session."""
     from e2e.server import ServerProcess
 
-    model_dir = tiny_model_factory("llama")
+    model_dir = demo_model_dir
     log = tmp_path_factory.mktemp("server") / "server.log"
     server = ServerProcess(
         model_dir, "--max-concurrent-requests", "16", "--enable-prefill-logprobs", log_path=log

@@ -101,7 +101,8 @@ def check_limits(args: argparse.Namespace) -> None:
     if max_input is not None and args.max_total_tokens is not None:
         if max_input >= args.max_total_tokens:
             raise ConfigError(
-                f"`max_input_tokens`({max_input}) must be < `max_total_tokens`({args.max_total_tokens})"
+                f"`max_input_tokens`({max_input}) must be < "
+                f"`max_total_tokens`({args.max_total_tokens})"
             )
     if args.max_total_tokens is not None and args.max_batch_total_tokens is not None:
         if args.max_total_tokens > args.max_batch_total_tokens:
@@ -122,7 +123,7 @@ def input_tokens(args: argparse.Namespace) -> int | None:
 def limits_config(
     args: argparse.Namespace, cache: CacheInfo, model_max_length: int | None
 ) -> LimitsConfig:
-    """Request limits once warm-up has sized the KV cache (TGI: the shard decides what was unset)."""
+    """Request limits once warm-up has sized the KV cache (as TGI's shard decides unset ones)."""
     max_total = args.max_total_tokens
     if max_total is None:
         max_total = min(v for v in (cache.max_total_tokens, model_max_length) if v is not None)

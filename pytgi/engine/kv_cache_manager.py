@@ -45,7 +45,7 @@ class KVCacheManager:
         compute.
         """
         if not self.enable_prefix_caching or request.sampling.prefill_logprobs:
-            return []  # prefill logprobs need every prompt position computed (TGI bypasses the cache too)
+            return []  # prefill logprobs need every prompt position computed (as TGI)
         hashes = self._full_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hit: list[Block] = []
@@ -74,7 +74,7 @@ class KVCacheManager:
         num_needed = (
             cdiv(num_computed + num_new_tokens, self.block_size) - len(blocks) - len(cached)
         )
-        # cached blocks sitting in the free list are revived, so they are not available as new blocks
+        # cached blocks sitting in the free list are revived: they are not available as new ones
         num_revived = sum(1 for b in cached if b.ref_cnt == 0)
         if num_needed > self.pool.num_free_blocks - num_revived:
             if not blocks:
@@ -93,7 +93,7 @@ class KVCacheManager:
         blocks = self._blocks.get(request.request_id, [])
         num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
         hashes = self._full_block_hashes(request)
-        for block, block_hash in zip(blocks[:num_full], hashes[:num_full]):
+        for block, block_hash in zip(blocks[:num_full], hashes[:num_full], strict=True):
             self.pool.cache_block(block, block_hash)
 
     def free(self, request: Request) -> None:

@@ -46,7 +46,7 @@ class LLM:
         max_new_tokens: int = 20,
         ignore_eos: bool = False,
     ) -> list[GenerationOutput]:
-        """Run every prompt to completion (continuous batching over all of them); results in order."""
+        """Run every prompt to completion, batched continuously; results in prompt order."""
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
         results: dict[str, GenerationOutput] = {}

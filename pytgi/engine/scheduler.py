@@ -129,7 +129,7 @@ class Scheduler:
         )
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
-        """Apply a step's results: advance progress, append sampled tokens, stop, free, emit deltas."""
+        """Apply a step's results: advance, append sampled tokens, stop, free, emit deltas."""
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)

@@ -19,8 +19,8 @@ from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.layers.attention import Attention
-from pytgi.models.loader import build_model
 from pytgi.layers.forward_context import forward_context
+from pytgi.models.loader import build_model
 from pytgi.worker.input_builder import ForwardBatch, InputBuilder, LogprobRow
 from pytgi.worker.warmup import dummy_scheduler_output
 

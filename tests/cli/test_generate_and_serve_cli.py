@@ -1,5 +1,6 @@
-"""The CLI through its real entry points: `pytgi generate` on the bundled demo model, and the launcher's
-start-up errors (TGI's texts) before any model is loaded."""
+"""The CLI through its real entry points: `pytgi generate` on the bundled demo model, and the
+launcher's start-up errors (TGI's texts) before any model is loaded.
+"""
 
 from __future__ import annotations
 

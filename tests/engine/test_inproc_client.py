@@ -1,4 +1,4 @@
-"""InprocEngineClient: streams, early close aborts (blocks freed), engine death fails open streams."""
+"""InprocEngineClient: streams, early close aborts (frees blocks), failed steps fail streams."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_concurrent_streams_get_their_own_tokens():
         return prompts, results
 
     prompts, results = asyncio.run(main())
-    for (rid, prompt), (tokens, last) in zip(prompts.items(), results, strict=True):
+    for prompt, (tokens, last) in zip(prompts.values(), results, strict=True):
         assert tokens == expected_output(prompt, 6)
         assert last.finished
 

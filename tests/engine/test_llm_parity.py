@@ -1,5 +1,6 @@
-"""Every claimed architecture through the whole engine (scheduler, paged KV, chunked prefill, prefix cache,
-preemption) against transformers' eager greedy generate: identical tokens, close logprobs."""
+"""Every claimed architecture through the whole engine (scheduler, paged KV, chunked prefill, prefix
+cache, preemption) against transformers' eager greedy generate: identical tokens, close logprobs.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def reference(hf, ids: list[int]) -> tuple[list[int], list[float]]:
         return_dict_in_generate=True,
     )
     tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.scores, tokens, strict=True)]
+    scores = zip(out.scores, tokens, strict=True)
+    logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in scores]
     return tokens, logprobs
 
 
