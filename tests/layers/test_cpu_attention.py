@@ -1,6 +1,7 @@
-"""The CPU paged-attention backend against a direct per-query softmax reference: decode rows of
-different lengths, fresh prompts, chunked-prefill continuations and prefix-cache hits (blocks shared
-with another sequence), with and without a sliding window, fp32 and bf16 caches."""
+"""The CPU paged-attention backend (head-major block cache) against a direct per-query softmax
+reference: decode rows of different lengths, fresh prompts, chunked-prefill continuations and
+prefix-cache hits (blocks shared with another sequence), with and without a sliding window, fp32 and
+bf16 caches."""
 
 from __future__ import annotations
 
@@ -124,7 +125,32 @@ def test_decode_window_gathers_only_the_window():
         num_decode_rows=2,
     )
     view = CpuAttentionBackend().build_metadata(batch).view(4)
-    # row 0 at position 9 sees 6..9 (blocks 1, 2); row 1 at position 2 sees 0..2 of block 3
-    assert view.decode.slot_index.tolist() == [[6, 7, 8, 9], [12, 13, 14, 12]]
-    assert view.decode.mask[:, 0, 0].tolist() == [[True] * 4, [True, True, True, False]]
+    # row 0 at position 9 sees 6..9 (keys 2..5 of blocks 1, 2); row 1 at position 2 sees 0..2 of
+    # block 3 (padded with block 0)
+    decode = view.decode
+    assert decode.blocks.tolist() == [[1, 2], [3, 0]]
+    assert (decode.offset, decode.length) == (0, 6)
+    assert decode.mask[:, 0, 0].tolist() == [[False, False] + [True] * 4, [True] * 3 + [False] * 3]
     assert view.prefills == []
+
+
+def test_decode_rows_of_equal_length_need_no_mask():
+    from pytgi.backends.base import AttentionBatch
+
+    batch = AttentionBatch(
+        slot_mapping=torch.tensor([9, 17]),
+        query_starts=[0, 1],
+        num_queries=[1, 1],
+        start_positions=[9, 9],
+        block_tables=[[0, 1, 2], [5, 3, 4]],
+        block_size=4,
+        num_decode_rows=2,
+    )
+    metadata = CpuAttentionBackend().build_metadata(batch)
+    decode = metadata.view(None).decode
+    assert decode.blocks.tolist() == [[0, 1, 2], [5, 3, 4]]
+    assert (decode.offset, decode.length, decode.mask) == (0, 10, None)
+    # window 4: both rows see positions 6..9, keys 2..5 of blocks 1, 2 (3, 4)
+    decode = metadata.view(4).decode
+    assert decode.blocks.tolist() == [[1, 2], [3, 4]]
+    assert (decode.offset, decode.length, decode.mask) == (2, 4, None)

@@ -1,17 +1,25 @@
-"""Paged attention on CPU: `F.scaled_dot_product_attention` (fp32, `enable_gqa`), slot-major cache.
+"""Paged attention on CPU: `F.scaled_dot_product_attention` (fp32, `enable_gqa`), head-major cache.
 
-Cache layout, per layer: K and V are each [num_blocks * block_size, kv_heads, head_dim]; a token's
-slot is block * block_size + pos % block_size, so one `index_copy_` stores a whole step's tokens and
-one `index_select` gathers any row's context. (A head-major per-sequence cache reads faster, but a
-paged cache is what prefix sharing and preemption need; the gather costs ~2x of attention time.)
+Cache layout, per layer: K and V are each [kv_heads, num_blocks * block_size, head_dim], i.e. per
+head a [num_blocks, block_size, head_dim] block array; a token's slot is block * block_size + pos %
+block_size, so one `index_copy_` (along dim 1) stores a whole step's tokens. Reads gather whole
+blocks: viewed as [kv_heads * num_blocks, block_size, head_dim], one `index_select` with the
+per-step index head * num_blocks + block copies block_size * head_dim contiguous values per (block,
+head), and the result views as [rows, kv_heads, L, head_dim] with a contiguous [L, head_dim] slice
+per (row, head), which SDPA reads without a further copy. The gather writes into a buffer the
+metadata keeps for the whole step, so the layers share one allocation (and its page faults) instead
+of a fresh multi-MB tensor each. (Against the token-major [slots, kv_heads, head_dim] layout, whose
+gather copied 768-byte chunks per token into a new tensor per layer, a SmolLM-shaped batch-16 decode
+step at 256-376 tokens measured ~0.8-0.9x the time; a cold gather is memory-bound either way.)
 
-Per step, `build_metadata` precomputes gather indices and masks, lazily per sliding-window value
-(so once per step, shared by all layers):
-- decode rows (1 query token): one batched SDPA over K/V gathered by a padded [B, L] slot index,
-  with a length / window mask only when the rows' visible lengths differ;
+Per step, `build_metadata` precomputes block tables and masks lazily per sliding-window value, and
+gather indices per (block table, kv heads, cache size), so once per step, shared by all layers:
+- decode rows (1 query token): one batched SDPA over K/V gathered from a padded [B, nb] block
+  table (the row's key j is position first_block * block_size + j), with a length / window mask
+  only when the rows' visible key ranges differ;
 - fresh prompts (nothing cached): SDPA over this step's own K/V with is_causal (no cache read);
-- other prefill rows (chunked prefill, prefix-cache hits): K/V gathered from the cache and an
-  explicit bottom-right causal (and window) mask [q, kv].
+- other prefill rows (chunked prefill, prefix-cache hits): whole blocks gathered from the cache,
+  sliced to the visible keys, and an explicit bottom-right causal (and window) mask [q, kv].
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
 """
 
@@ -27,18 +35,20 @@ from pytgi.backends.base import AttentionBackend, AttentionBatch
 
 @dataclass
 class DecodeRows:
-    slot_index: torch.Tensor  # [B, L] int64: cache slots of each row's visible keys (padded)
-    mask: torch.Tensor | None  # [B, 1, 1, L] bool, None when every row sees all L keys
+    blocks: torch.Tensor  # [B, nb] int64: cache blocks holding each row's visible keys (padded)
+    offset: int  # the rows' keys are [offset, offset + length) of their gathered nb * block_size
+    length: int
+    mask: torch.Tensor | None  # [B, 1, 1, length] bool, None when every row sees all its keys
 
 
 @dataclass
 class PrefillRow:
     start: int  # flat token range of the row's queries
     end: int
-    slot_index: (
-        torch.Tensor | None
-    )  # [S] cache slots of the visible keys; None = this step's own K/V
-    mask: torch.Tensor | None  # [q, S] bool; None (with slot_index None) = plain causal
+    blocks: torch.Tensor | None  # [1, nb] cache blocks of the visible keys; None = this step's K/V
+    offset: int  # the keys are [offset, offset + length) of the gathered nb * block_size
+    length: int
+    mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
 
 
 @dataclass
@@ -52,42 +62,66 @@ class CpuAttentionMetadata:
         self.batch = batch
         self.slot_mapping = batch.slot_mapping
         self._views: dict[int | None, WindowView] = {}
+        self._gather: dict[tuple, torch.Tensor] = {}
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     def view(self, window: int | None) -> WindowView:
         if window not in self._views:
             self._views[window] = WindowView(self._decode_rows(window), self._prefill_rows(window))
         return self._views[window]
 
+    def gather_index(self, blocks: torch.Tensor, num_kv_heads: int, num_blocks: int):
+        """[KVH * blocks.numel()] rows of the [KVH * num_blocks, block_size, D] cache view: head h's
+        copy of every block in `blocks`, head-major. Cached per step (shared by all layers): keyed
+        by the identity of `blocks`, which must be a tensor this metadata keeps alive."""
+        key = (id(blocks), num_kv_heads, num_blocks)
+        index = self._gather.get(key)
+        if index is None:
+            heads = torch.arange(num_kv_heads).unsqueeze(1) * num_blocks  # [KVH, 1]
+            index = (heads + blocks.reshape(1, -1)).reshape(-1)
+            self._gather[key] = index
+        return index
+
+    def gather_buffer(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A gather destination reused by every layer of the step (layers run one at a time and
+        nothing keeps a gathered K/V past its layer): one allocation per step instead of a fresh
+        multi-MB tensor, and its page faults, per layer."""
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
+            buffer = torch.empty(shape, dtype=dtype)
+            self._buffers[key] = buffer
+        return buffer
+
     def _decode_rows(self, window: int | None) -> DecodeRows | None:
         b = self.batch
         num_rows = b.num_decode_rows
         if num_rows == 0:
             return None
+        bs = b.block_size
         seq_lens = torch.tensor(b.start_positions[:num_rows]) + 1  # [B]
         first = (seq_lens - window).clamp(min=0) if window else torch.zeros_like(seq_lens)  # [B]
-        kv_lens = seq_lens - first  # [B]
-        max_len = int(kv_lens.max())
-        offsets = torch.arange(max_len)  # [L]
-        valid = offsets < kv_lens.unsqueeze(1)  # [B, L]
-        positions = torch.where(valid, first.unsqueeze(1) + offsets, 0)  # [B, L]
-        num_blocks = -(-int(seq_lens.max()) // b.block_size)
-        tables = torch.tensor(
-            [_padded(t[:num_blocks], num_blocks) for t in b.block_tables[:num_rows]]
-        )  # [B, num_blocks]
-        slots = (
-            tables.gather(1, positions // b.block_size) * b.block_size + positions % b.block_size
-        )
+        first_block = first // bs  # [B]
+        num_blocks = int((-(-seq_lens // bs) - first_block).max())
+        width = int(first_block.max()) + num_blocks
+        tables = torch.tensor([_padded(t, width) for t in b.block_tables[:num_rows]])  # [B, width]
+        blocks = tables.gather(1, first_block.unsqueeze(1) + torch.arange(num_blocks))  # [B, nb]
+        lo = first - first_block * bs  # [B] first visible key of the row's gathered keys
+        hi = seq_lens - first_block * bs  # [B] one past its last
+        offset, end = int(lo.min()), int(hi.max())
+        keys = torch.arange(offset, end)  # [L]
+        valid = (keys >= lo.unsqueeze(1)) & (keys < hi.unsqueeze(1))  # [B, L]
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        return DecodeRows(slots, mask)
+        return DecodeRows(blocks, offset, end - offset, mask)
 
     def _prefill_rows(self, window: int | None) -> list[PrefillRow]:
         b = self.batch
+        bs = b.block_size
         rows = []
         for i in range(b.num_decode_rows, b.num_rows):
             start, num_q, start_pos = b.query_starts[i], b.num_queries[i], b.start_positions[i]
             end_pos = start_pos + num_q
             if start_pos == 0 and (window is None or num_q <= window):
-                rows.append(PrefillRow(start, start + num_q, None, None))
+                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
                 continue
             first = 0 if window is None else max(0, start_pos - window + 1)
             key_pos = torch.arange(first, end_pos)  # [S]
@@ -95,16 +129,18 @@ class CpuAttentionMetadata:
             mask = key_pos <= query_pos  # [q, S]
             if window is not None:
                 mask &= query_pos - key_pos < window
-            slots = None
-            if start_pos > 0:
-                table = torch.tensor(b.block_tables[i][: -(-end_pos // b.block_size)])
-                slots = table[key_pos // b.block_size] * b.block_size + key_pos % b.block_size
-            rows.append(PrefillRow(start, start + num_q, slots, mask))
+            if start_pos == 0:  # a fresh prompt longer than the window: its own K/V, masked
+                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask))
+                continue
+            first_block = first // bs
+            blocks = torch.tensor([b.block_tables[i][first_block : -(-end_pos // bs)]])  # [1, nb]
+            offset = first - first_block * bs
+            rows.append(PrefillRow(start, start + num_q, blocks, offset, end_pos - first, mask))
         return rows
 
 
 def _padded(table: list[int], length: int) -> list[int]:
-    return table + [0] * (length - len(table))
+    return table[:length] + [0] * (length - len(table))
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -114,18 +150,19 @@ class CpuAttentionBackend(AttentionBackend):
         return CpuAttentionMetadata(batch)
 
     def kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_dim):
-        return (num_blocks * block_size, num_kv_heads, head_dim)
+        return (num_kv_heads, num_blocks * block_size, head_dim)
 
     def forward(self, q, k, v, kv_cache, metadata: CpuAttentionMetadata, scale, sliding_window):
-        k_cache, v_cache = kv_cache
-        k_cache.index_copy_(0, metadata.slot_mapping, k)
-        v_cache.index_copy_(0, metadata.slot_mapping, v)
+        k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
+        k_cache.index_copy_(1, metadata.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+        v_cache.index_copy_(1, metadata.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
         view = metadata.view(sliding_window)
+        bs = metadata.batch.block_size
         outs = []
         if view.decode is not None:
-            num_decode = view.decode.slot_index.shape[0]
-            outs.append(_decode(q[:num_decode], k_cache, v_cache, view.decode, scale))
-        outs.extend(_prefill(q, k, v, k_cache, v_cache, row, scale) for row in view.prefills)
+            num_decode = view.decode.blocks.shape[0]
+            outs.append(_decode(q[:num_decode], kv_cache, metadata, view.decode, bs, scale))
+        outs.extend(_prefill(q, k, v, kv_cache, metadata, row, bs, scale) for row in view.prefills)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
@@ -134,15 +171,30 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def _decode(q, k_cache, v_cache, rows: DecodeRows, scale: float) -> torch.Tensor:
-    num_rows, max_len = rows.slot_index.shape
-    flat = rows.slot_index.view(-1)
-    k = k_cache.index_select(0, flat).unflatten(0, (num_rows, max_len))  # [B, L, KVH, D]
-    v = v_cache.index_select(0, flat).unflatten(0, (num_rows, max_len))  # [B, L, KVH, D]
+def _gather(cache, metadata, blocks, block_size, offset, length, which: str) -> torch.Tensor:
+    """cache [KVH, num_blocks * block_size, D], blocks [R, nb] -> [R, KVH, length, D] (fp32),
+    each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused buffer."""
+    kvh, num_slots, d = cache.shape
+    num_blocks = num_slots // block_size
+    index = metadata.gather_index(blocks, kvh, num_blocks)  # [KVH * R * nb]
+    rows, nb = blocks.shape
+    out = metadata.gather_buffer(
+        (id(blocks), which), (index.numel(), block_size, d), cache.dtype
+    )  # [KVH * R * nb, bs, D]
+    torch.index_select(cache.view(kvh * num_blocks, block_size, d), 0, index, out=out)
+    out = out.view(kvh, rows, nb * block_size, d)[:, :, offset : offset + length]
+    return _fp32(out.transpose(0, 1))  # [R, KVH, length, D]
+
+
+def _decode(q, kv_cache, metadata, rows: DecodeRows, block_size, scale) -> torch.Tensor:
+    k, v = (
+        _gather(c, metadata, rows.blocks, block_size, rows.offset, rows.length, which)
+        for c, which in zip(kv_cache, "kv", strict=True)
+    )  # [B, KVH, L, D]
     out = F.scaled_dot_product_attention(
         _fp32(q).unsqueeze(2),  # [B, H, 1, D]
-        _fp32(k).transpose(1, 2),  # [B, KVH, L, D]
-        _fp32(v).transpose(1, 2),
+        k,
+        v,
         attn_mask=rows.mask,
         scale=scale,
         enable_gqa=True,
@@ -150,16 +202,19 @@ def _decode(q, k_cache, v_cache, rows: DecodeRows, scale: float) -> torch.Tensor
     return out.squeeze(2)  # [B, H, D]
 
 
-def _prefill(q, k, v, k_cache, v_cache, row: PrefillRow, scale: float) -> torch.Tensor:
-    if row.slot_index is None:
-        keys, values = k[row.start : row.end], v[row.start : row.end]  # [q, KVH, D]
+def _prefill(q, k, v, kv_cache, metadata, row: PrefillRow, block_size, scale) -> torch.Tensor:
+    if row.blocks is None:
+        keys = _fp32(k[row.start : row.end]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
+        values = _fp32(v[row.start : row.end]).transpose(0, 1).unsqueeze(0)
     else:
-        keys = k_cache.index_select(0, row.slot_index)  # [S, KVH, D]
-        values = v_cache.index_select(0, row.slot_index)
+        keys, values = (
+            _gather(c, metadata, row.blocks, block_size, row.offset, row.length, which)
+            for c, which in zip(kv_cache, "kv", strict=True)
+        )  # [1, KVH, S, D]
     out = F.scaled_dot_product_attention(
         _fp32(q[row.start : row.end]).transpose(0, 1).unsqueeze(0),  # [1, H, q, D]
-        _fp32(keys).transpose(0, 1).unsqueeze(0),  # [1, KVH, S, D]
-        _fp32(values).transpose(0, 1).unsqueeze(0),
+        keys,
+        values,
         attn_mask=row.mask,
         is_causal=row.mask is None,
         scale=scale,
