@@ -112,7 +112,7 @@ def test_identical_requests_replay_after_the_sample(bench_result):
         for name in ("b1_p8_o4", "b3_p8_o4", "mixed_tiny")
     }
     assert replayed == {"b1_p8_o4": [0, 0], "b3_p8_o4": [1, 1], "mixed_tiny": [0, 0]}
-    assert "* hf_sequential: 2 of 3 identical requests run" in text_report(bench_result)
+    assert "hf_sequential*: 2 of 3 identical requests run" in text_report(bench_result)
     sequential = by_name["b3_p8_o4"].summary["hf_sequential"]
     assert sequential.ttft_p99_ms <= sequential.wall_s * 1e3
 

@@ -104,7 +104,7 @@ def _fixed_width(rows: list[list[str]]) -> list[str]:
 
 def _replay_lines(case: CaseResult) -> list[str]:
     return [
-        f"* {m.system}: {m.num_requests - m.num_replayed} of {m.num_requests} identical requests "
+        f"{m.system}*: {m.num_requests - m.num_replayed} of {m.num_requests} identical requests "
         "run, the rest timed as copies of them"
         for m in case.summary.values()
         if m.num_replayed
