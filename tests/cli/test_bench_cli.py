@@ -109,3 +109,9 @@ def test_engine_bench_end_to_end(tiny_model_factory, tmp_path, monkeypatch, caps
     assert list(case["summary"]) == ["pytgi"]
     assert case["summary"]["pytgi"]["num_output_tokens"] == 6
     assert "| pytgi |" in md.read_text()
+
+
+def test_engine_bench_reports_a_missing_model(tmp_path, capsys):
+    rc = main(["bench", "--model-id", str(tmp_path / "absent"), "--workload", "decode1"])
+    assert rc == 1
+    assert "does not exist" in capsys.readouterr().err
