@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pytgi import envs
 from pytgi.cli.flags import SERVE_FLAGS, add_flags
 from pytgi.version import __version__
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    envs.set_default_threading_env()  # before anything imports torch: OpenMP reads it at load
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["bench", "compare"]:
         from pytgi.cli.bench import run_compare_cli
@@ -54,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         from pytgi.cli.bench import run_bench
 
         return run_bench(args)
-    from pytgi import envs
     from pytgi.cli.download import run_download
 
     args.hf_token = getattr(args, "hf_token", None) or envs.hf_token()
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def launcher_main(argv: list[str] | None = None) -> int:
     """`text-generation-launcher [flags]`: TGI's launcher name for `pytgi serve`."""
+    envs.set_default_threading_env()
     parser = argparse.ArgumentParser(prog="text-generation-launcher")
     add_flags(parser, SERVE_FLAGS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
