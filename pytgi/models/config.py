@@ -90,7 +90,7 @@ def model_spec_from_hf(hf_config, architecture: str, flags: dict | None = None) 
     head_dim = getattr(hf_config, "head_dim", None) or hidden_size // num_heads
     num_layers = _require(hf_config, "num_hidden_layers")
     attention_bias = bool(getattr(hf_config, "attention_bias", False))
-    dtype = getattr(hf_config, "torch_dtype", None)
+    dtype = getattr(hf_config, "dtype", None)  # transformers >= 4.56 name of `torch_dtype`
     spec = ModelSpec(
         architecture=architecture,
         vocab_size=_require(hf_config, "vocab_size"),
