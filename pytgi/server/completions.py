@@ -17,16 +17,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from pytgi import metrics
-from pytgi.errors import PytgiError
 from pytgi.router.outputs import Generation, StreamEvent
 from pytgi.server.chat_format import finish_reason, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
-from pytgi.server.errors import error_response, openai_stream_error
+from pytgi.server.errors import error_response, openai_event_stream
 from pytgi.server.headers import HeaderTotals, stream_headers
 from pytgi.server.openai_protocol import CompletionRequest
 from pytgi.server.responses import JSONBody
-from pytgi.server.sse import DONE, EventStreamResponse, data_frame
+from pytgi.server.sse import EventStreamResponse, data_frame
 from pytgi.server.streams import gather_or_cancel, merge_streams
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
 
@@ -104,21 +103,19 @@ async def completions_json(ctx: ServerContext, req: CompletionRequest) -> JSONBo
     return JSONBody(body, headers=totals.to_headers(ctx.compute_type))
 
 
-async def completion_frames(ctx: ServerContext, req: CompletionRequest) -> AsyncIterator[str]:
+def completion_frames(ctx: ServerContext, req: CompletionRequest) -> AsyncIterator[str]:
+    return openai_event_stream(_event_frames(ctx, req), "completions")
+
+
+async def _event_frames(ctx: ServerContext, req: CompletionRequest) -> AsyncIterator[str]:
     params = req.generate_parameters()
     bodies = CompletionBodies(ctx)
     merged = merge_streams([ctx.infer.generate_stream(p, params) for p in req.prompts])
     try:
         async for index, event in merged:
             yield data_frame(bodies.event(index, event))
-    except PytgiError as exc:
-        yield data_frame(openai_stream_error(exc))
-    except Exception:
-        logger.exception("completions stream failed")
-        yield data_frame(openai_stream_error(PytgiError("Internal server error")))
     finally:
         await merged.aclose()
-    yield DONE
 
 
 async def completions(ctx: ServerContext, req: CompletionRequest, request: Request):

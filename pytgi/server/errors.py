@@ -9,6 +9,7 @@ Nothing here puts a traceback, a path or a secret in a body; unexpected exceptio
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from pytgi.errors import OverloadedError, PytgiError
 from pytgi.server.disconnect import ClientDisconnected, on_client_disconnected
+from pytgi.server.sse import DONE, data_frame
 
 logger = logging.getLogger(__name__)
 
@@ -93,3 +95,18 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PytgiError, _on_pytgi_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(Exception, _on_unexpected)
+
+
+async def openai_event_stream(frames: AsyncIterator[str], label: str) -> AsyncIterator[str]:
+    """Frame an OpenAI stream: errors become one error event, and `data: [DONE]` always ends it."""
+    try:
+        async for frame in frames:
+            yield frame
+    except PytgiError as exc:
+        yield data_frame(openai_stream_error(exc))
+    except Exception:
+        logger.exception("%s stream failed", label)
+        yield data_frame(openai_stream_error(PytgiError("Internal server error")))
+    finally:
+        await frames.aclose()
+    yield DONE

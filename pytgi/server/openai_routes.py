@@ -19,19 +19,19 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import PytgiError, TemplateError, ValidationError
+from pytgi.errors import TemplateError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL
 from pytgi.server.chat_format import ChatChunks, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
-from pytgi.server.errors import openai_stream_error
+from pytgi.server.errors import openai_event_stream
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.openai_protocol import ChatRequest, response_format_grammar
 from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
 from pytgi.server.responses import JSONBody
-from pytgi.server.sse import DONE, EventStreamResponse, data_frame
+from pytgi.server.sse import EventStreamResponse, data_frame
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
 from pytgi.server.tool_stream import ToolCallStreamer, stream_tool_call_id
 
@@ -157,23 +157,9 @@ async def _rerun_without_tools(
         yield frame
 
 
-async def chat_frames(
-    ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt
-) -> AsyncIterator[str]:
-    chunks = ChatChunks(ctx)
+def chat_frames(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> AsyncIterator[str]:
     frames = _tool_frames if prompt.uses_tools else _content_frames
-    source = frames(ctx, req, prompt, chunks)
-    try:
-        async for frame in source:
-            yield frame
-    except PytgiError as exc:
-        yield data_frame(openai_stream_error(exc))
-    except Exception:
-        logger.exception("chat stream failed")
-        yield data_frame(openai_stream_error(PytgiError("Internal server error")))
-    finally:
-        await source.aclose()
-    yield DONE
+    return openai_event_stream(frames(ctx, req, prompt, ChatChunks(ctx)), "chat")
 
 
 async def chat(ctx: ServerContext, req: ChatRequest, request: Request):
