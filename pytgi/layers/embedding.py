@@ -3,6 +3,12 @@
 The vocabulary is split into equal contiguous ranges, one per rank (the last range padded with zero
 rows). The embedding looks up local ids, zeroes the others and all-reduces; the LM head computes
 local logits and gathers them to rank 0, which is the only rank that samples.
+
+On CPU in fp32 the LM head re-lays its [V, D] matrix after loading as column blocks [C, D, n]
+(n = VOCAB_BLOCK, zero-padded): one batched matmul over the blocks streams the matrix 1.3-1.8x
+faster than `F.linear` on the row-major matrix at 1-16 rows, which is what decode asks of it
+(docs/PERFORMANCE.md, "Kernel choices"). The row-major copy is then freed; a tied embedding looks
+its rows up in the blocks instead, so the matrix is held once.
 """
 
 from __future__ import annotations
@@ -16,6 +22,17 @@ from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import set_weight_attrs
 
+VOCAB_BLOCK = 4096  # columns per block of the CPU head layout (measured best of 1024-8192)
+
+
+def pack_vocab_blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
+    """[V, D] -> [ceil(V / block), D, block], zero-padded past V."""
+    rows, dim = weight.shape
+    num_blocks = -(-rows // block)
+    padded = torch.zeros(num_blocks * block, dim, dtype=weight.dtype, device=weight.device)
+    padded[:rows] = weight
+    return padded.view(num_blocks, block, dim).transpose(1, 2).contiguous()
+
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype=None):
@@ -24,6 +41,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         per_rank = -(-num_embeddings // self.tp.world_size)
+        self.num_local = per_rank  # rows of this rank's (padded) part
         self.vocab_start = min(self.tp.rank * per_rank, num_embeddings)
         self.vocab_end = min(self.vocab_start + per_rank, num_embeddings)
         dtype = params_dtype or torch.get_default_dtype()
@@ -31,6 +49,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(per_rank, embedding_dim, dtype=dtype), requires_grad=False
         )
         set_weight_attrs(self.weight, weight_loader=self.weight_loader)
+        self.blocks: torch.Tensor | None = None  # [C, D, VOCAB_BLOCK] once packed (CPU head)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         expected = (self.num_embeddings, self.embedding_dim)
@@ -42,21 +61,55 @@ class VocabParallelEmbedding(nn.Module):
         param.data[:num_local].copy_(loaded[self.vocab_start : self.vocab_end])
         param.data[num_local:].zero_()
 
+    def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:
+        """local_ids [T] -> [T, D] from the row-major weight or, once packed, the blocks."""
+        if self.blocks is None:
+            return F.embedding(local_ids, self.weight)
+        block = self.blocks.shape[-1]
+        return self.blocks.transpose(1, 2)[local_ids // block, local_ids % block]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:
-            return F.embedding(input_ids, self.weight)  # [T, D]
+            return self._rows(input_ids)  # [T, D]
         is_local = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)  # [T]
         local_ids = (input_ids - self.vocab_start) * is_local  # [T]
-        y = F.embedding(local_ids, self.weight).masked_fill_(~is_local.unsqueeze(1), 0.0)
+        y = self._rows(local_ids).masked_fill_(~is_local.unsqueeze(1), 0.0)
         return tp_all_reduce(y)  # [T, D]
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share its weight with the embedding."""
 
+    def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype=None):
+        super().__init__(num_embeddings, embedding_dim, params_dtype)
+        self.tied_embedding: VocabParallelEmbedding | None = None
+
+    def tie(self, embedding: VocabParallelEmbedding) -> None:
+        """Share the embedding's matrix (tie_word_embeddings)."""
+        self.weight = embedding.weight
+        self.tied_embedding = embedding
+
+    def process_weights_after_loading(self) -> None:
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return
+        self.blocks = pack_vocab_blocks(weight.data, VOCAB_BLOCK)
+        if self.tied_embedding is not None:
+            self.tied_embedding.blocks = self.blocks
+        weight.data = weight.data.new_empty(0, self.embedding_dim)  # the blocks hold it now
+
+    def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> this rank's logits [N, num_local]."""
+        if self.blocks is None:
+            return F.linear(hidden, self.weight)
+        num_blocks, _, block = self.blocks.shape
+        out = torch.matmul(hidden.unsqueeze(0), self.blocks)  # [C, N, block]
+        logits = out.transpose(0, 1).reshape(hidden.shape[0], num_blocks * block)
+        return logits[:, : self.num_local]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""
-        logits = tp_gather_to_first_rank(F.linear(hidden, self.weight))  # [N, V_padded]
+        logits = tp_gather_to_first_rank(self._local_logits(hidden))  # [N, V_padded]
         if logits is None:
             return None
-        return logits[:, : self.num_embeddings] if self.tp.world_size > 1 else logits
+        return logits[:, : self.num_embeddings]  # drops the padding rows of the last rank

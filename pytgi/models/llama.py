@@ -61,7 +61,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(spec, quant_config)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         if spec.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tie(self.model.embed_tokens)
         self.tie_word_embeddings = spec.tie_word_embeddings
         self.logits_scaling = spec.logits_scaling
 

@@ -77,9 +77,11 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         )
         raise ModelLoadError(f"the checkpoint is missing {len(missing)} tensor(s): {shown}")
-    for module in model.modules():
+    for module in model.modules():  # repacking for the kernels, once every tensor is in
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
+        elif hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
 
 
 @contextmanager

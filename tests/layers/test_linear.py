@@ -138,3 +138,44 @@ def test_indivisible_heads_are_a_load_error(as_rank):
     as_rank(0, 3)
     with pytest.raises(ModelLoadError, match="number of attention heads \\(4\\) is not divisible"):
         QKVParallelLinear(8, 2, num_heads=4, num_kv_heads=2)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_packed_head_and_tied_embedding_match_the_matrix(as_rank, monkeypatch, world_size):
+    """CPU fp32 head packed into vocab blocks (3 rows per block here, so the last block of each
+    rank is zero-padded): logits and the tied embedding's rows are unchanged."""
+    monkeypatch.setattr(embedding, "VOCAB_BLOCK", 3)
+    weight = torch.randn(11, 4)
+    ids = torch.tensor([0, 5, 6, 10, 3, 7])
+    hidden = torch.randn(2, 4)
+    embedded, logits = 0, []
+    for rank in range(world_size):
+        as_rank(rank, world_size)
+        emb, head = VocabParallelEmbedding(11, 4), ParallelLMHead(11, 4)
+        head.tie(emb)
+        load(emb, "weight", weight)
+        head.process_weights_after_loading()
+        assert emb.blocks is head.blocks and head.weight.numel() == 0  # held once
+        embedded = embedded + emb._rows(_local(ids, emb)) * _is_local(ids, emb)
+        logits.append(head._local_logits(hidden))
+    torch.testing.assert_close(embedded, weight[ids])
+    torch.testing.assert_close(torch.cat(logits, -1)[:, :11], hidden @ weight.T)
+
+
+def _is_local(ids, emb):
+    return ((ids >= emb.vocab_start) & (ids < emb.vocab_end)).unsqueeze(1)
+
+
+def _local(ids, emb):
+    return (ids - emb.vocab_start) * _is_local(ids, emb).squeeze(1)
+
+
+def test_unquantized_cpu_fp32_weights_go_column_major_when_wide():
+    wide, narrow = ReplicatedLinear(4, 8), ReplicatedLinear(8, 4)
+    for layer in (wide, narrow):
+        w = torch.randn(layer.output_size, layer.input_size)
+        load(layer, "weight", w)
+        layer.quant_method.process_weights_after_loading(layer)
+        x = torch.randn(3, layer.input_size)
+        torch.testing.assert_close(layer(x), x @ w.T)
+    assert wide.weight.t().is_contiguous() and narrow.weight.is_contiguous()

@@ -83,3 +83,4 @@ def test_sharded_checkpoint_and_tied_head(tiny_model_factory):
     assert spec.num_layers == 2 and not spec.tie_word_embeddings
     model, spec = build(tiny_model_factory("llama_tied"))
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.blocks is model.model.embed_tokens.blocks  # CPU fp32: held once
