@@ -42,3 +42,9 @@ def set_default_threading_env() -> None:
     """OpenMP threads must not spin while waiting (cpu-kernels.md §7); set before torch loads."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cpu_kernels_enabled() -> bool:
+    """PYTGI_CPU_KERNELS=0 keeps the pure-torch CPU path (compiled kernels are the default)."""
+    value = get("PYTGI_CPU_KERNELS")
+    return value is None or value.strip().lower() in _TRUE

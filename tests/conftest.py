@@ -66,3 +66,16 @@ def pytgi_server(demo_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def pytgi_server_url(pytgi_server) -> str:
     return pytgi_server.url
+
+
+@pytest.fixture(params=["torch", "compiled"])
+def cpu_kernels(request, monkeypatch):
+    """Runs a test twice: on the pure-torch CPU path and with the compiled kernels (which must
+    build here: CI has a compiler, and a silent fallback would leave the fast path untested)."""
+    from pytgi.backends.cpu import kernels
+
+    if request.param == "compiled":
+        assert kernels.load_cpu_kernels() is not None, "the CPU kernels failed to build"
+    else:
+        monkeypatch.setitem(kernels._state, "module", None)
+    return request.param

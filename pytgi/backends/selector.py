@@ -20,7 +20,9 @@ def select_platform() -> Platform:
 def select_attention_backend(platform: Platform) -> AttentionBackend:
     assert platform.name == "cpu", f"no attention backend for platform {platform.name}"
     from pytgi.backends.cpu.attention import CpuAttentionBackend
+    from pytgi.backends.cpu.kernels import load_cpu_kernels
 
     backend = CpuAttentionBackend()
-    logger.info("attention backend: %s", backend.name)
+    kernels = "compiled kernels" if load_cpu_kernels() is not None else "torch only"
+    logger.info("attention backend: %s (%s)", backend.name, kernels)
     return backend

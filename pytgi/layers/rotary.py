@@ -21,6 +21,7 @@ import math
 import torch
 from torch import nn
 
+from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.errors import ModelLoadError
 
 
@@ -149,6 +150,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     if rotary_dim == x.shape[-1]:
         return out
     return torch.cat([out, x[..., rotary_dim:]], dim=-1)
+
+
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary` that may rotate x in place (the compiled CPU kernel does; the torch path
+    returns a new tensor). Use the return value; x must not be needed unrotated afterwards."""
+    ops = cpu_kernels_for(x)
+    if ops is None or cos.dtype != torch.float32:
+        return apply_rotary(x, cos, sin)
+    ops.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
+    return x
 
 
 def get_rope(

@@ -14,7 +14,7 @@ from pytgi.layers.attention import Attention
 from pytgi.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
-from pytgi.layers.rotary import apply_rotary
+from pytgi.layers.rotary import apply_rotary_
 from pytgi.models.config import ModelSpec
 
 
@@ -57,10 +57,10 @@ class RopeAttention(nn.Module):
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
         if self.qk_norm:
-            q = apply_rotary(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
-            k = apply_rotary(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
-        else:  # q and k heads are adjacent: rotate them in one go
-            qk = apply_rotary(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
+            q = apply_rotary_(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
+            k = apply_rotary_(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
+        else:  # q and k heads are adjacent: rotate them in one go (qkv is ours to overwrite)
+            qk = apply_rotary_(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
             q, k = qk[:, :h], qk[:, h:]
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]

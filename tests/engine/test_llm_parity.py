@@ -41,6 +41,23 @@ def check(outputs, prompts, refs):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_engine_matches_transformers(arch, tiny_model_factory):
+    """With the compiled CPU kernels (the default path)."""
+    from pytgi.backends.cpu.kernels import load_cpu_kernels
+
+    assert load_cpu_kernels() is not None
+    check_engine_matches_transformers(arch, tiny_model_factory)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+def test_engine_matches_transformers_without_kernels(arch, tiny_model_factory, monkeypatch):
+    """The pure-torch fallback (no compiler, PYTGI_CPU_KERNELS=0, other dtypes)."""
+    from pytgi.backends.cpu import kernels
+
+    monkeypatch.setitem(kernels._state, "module", None)
+    check_engine_matches_transformers(arch, tiny_model_factory)
+
+
+def check_engine_matches_transformers(arch, tiny_model_factory):
     torch.set_num_threads(1)
     model_dir = tiny_model_factory(arch)
     hf = load_hf(model_dir)

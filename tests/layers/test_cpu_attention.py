@@ -83,7 +83,7 @@ def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 3, 6])
-def test_mixed_steps_match_reference(window, dtype):
+def test_mixed_steps_match_reference(window, dtype, cpu_kernels):
     torch.set_num_threads(1)
     backend = CpuAttentionBackend()
     shape = backend.kv_cache_shape(32, BLOCK_SIZE, KVH, D)

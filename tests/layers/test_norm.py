@@ -9,22 +9,25 @@ from pytgi.layers.activation import SiluAndMul
 from pytgi.layers.norm import RMSNorm
 
 
-def test_rms_norm_matches_transformers():
+def test_rms_norm_matches_transformers(cpu_kernels):
     torch.manual_seed(0)
     ours, ref = RMSNorm(64, eps=1e-5), LlamaRMSNorm(64, eps=1e-5)
     weight = torch.randn(64)
     ours.weight.data.copy_(weight)
     ref.weight.data.copy_(weight)
     x = torch.randn(7, 64) * 3
-    torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=0)
+    exact = cpu_kernels == "torch"  # the kernel sums squares in another order
+    tol = 0 if exact else 1e-6
+    torch.testing.assert_close(ours(x), ref(x), rtol=tol, atol=tol)
 
 
-def test_fused_residual_add():
+def test_fused_residual_add(cpu_kernels):
     norm = RMSNorm(32)
     x, residual = torch.randn(5, 32), torch.randn(5, 32)
-    out, new_residual = norm(x, residual)
-    torch.testing.assert_close(new_residual, residual + x, rtol=0, atol=0)
-    torch.testing.assert_close(out, norm(residual + x), rtol=0, atol=0)
+    expected_residual = residual + x
+    out, new_residual = norm(x, residual.clone())
+    torch.testing.assert_close(new_residual, expected_residual, rtol=0, atol=0)
+    torch.testing.assert_close(out, norm(expected_residual), rtol=0, atol=0)
 
 
 def test_rms_norm_bf16_computes_in_fp32():

@@ -11,7 +11,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from pytgi.errors import ModelLoadError
-from pytgi.layers.rotary import ROPE_SCALINGS, apply_rotary, get_rope
+from pytgi.layers.rotary import ROPE_SCALINGS, apply_rotary, apply_rotary_, get_rope
 from pytgi.models.config import model_spec_from_hf
 
 EXTRA_SCALINGS = {
@@ -101,7 +101,7 @@ def test_cos_sin_match_llama_rotary_embedding(name):
         torch.testing.assert_close(sin[i, 0, :half], -hf_sin[0, 0, :half], rtol=1e-5, atol=1e-6)
 
 
-def test_apply_rotary_matches_transformers():
+def test_apply_rotary_matches_transformers(cpu_kernels):
     config = CASES["llama3"]
     positions = torch.arange(9) * 7
     cos, sin = rope_for(config)(positions, torch.float32)
@@ -112,6 +112,11 @@ def test_apply_rotary_matches_transformers():
     )
     torch.testing.assert_close(apply_rotary(q, cos, sin), hf_q[0].transpose(0, 1))
     torch.testing.assert_close(apply_rotary(k, cos, sin), hf_k[0].transpose(0, 1))
+    # the in-place variant on a strided view of a fused qkv row (the model's call)
+    qkv = torch.cat([q, k, torch.randn(9, 2, 16)], dim=1)  # [T, 8, D]
+    rotated = apply_rotary_(qkv[:, :6], cos, sin)
+    torch.testing.assert_close(rotated[:, :4], hf_q[0].transpose(0, 1))
+    torch.testing.assert_close(rotated[:, 4:], hf_k[0].transpose(0, 1))
 
 
 def test_partial_rotary_leaves_the_tail():

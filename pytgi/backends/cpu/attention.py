@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi.backends.base import AttentionBackend, AttentionBatch
+from pytgi.backends.cpu.kernels import cpu_kernels_for
 
 
 @dataclass
@@ -39,6 +40,11 @@ class DecodeRows:
     offset: int  # the rows' keys are [offset, offset + length) of their gathered nb * block_size
     length: int
     mask: torch.Tensor | None  # [B, 1, 1, length] bool, None when every row sees all its keys
+    # for the compiled kernel, which reads the cache in place: row b sees positions
+    # first[b] <= p < seq_lens[b] through its whole (padded) block table
+    tables: torch.Tensor  # [B, width] int64
+    first: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64
 
 
 @dataclass
@@ -111,7 +117,7 @@ class CpuAttentionMetadata:
         keys = torch.arange(offset, end)  # [L]
         valid = (keys >= lo.unsqueeze(1)) & (keys < hi.unsqueeze(1))  # [B, L]
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        return DecodeRows(blocks, offset, end - offset, mask)
+        return DecodeRows(blocks, offset, end - offset, mask, tables, first, seq_lens)
 
     def _prefill_rows(self, window: int | None) -> list[PrefillRow]:
         b = self.batch
@@ -154,14 +160,27 @@ class CpuAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, metadata: CpuAttentionMetadata, scale, sliding_window):
         k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
-        k_cache.index_copy_(1, metadata.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, metadata.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+        ops = cpu_kernels_for(q) if k_cache.dtype == q.dtype else None
+        if ops is not None:
+            ops.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        else:
+            k_cache.index_copy_(1, metadata.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+            v_cache.index_copy_(1, metadata.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
         view = metadata.view(sliding_window)
         bs = metadata.batch.block_size
         outs = []
         if view.decode is not None:
-            num_decode = view.decode.blocks.shape[0]
-            outs.append(_decode(q[:num_decode], kv_cache, metadata, view.decode, bs, scale))
+            rows = view.decode
+            num_decode = rows.blocks.shape[0]
+            if ops is not None:  # reads the paged cache in place: no gather, no mask
+                outs.append(
+                    ops.decode_attention(
+                        q[:num_decode], k_cache, v_cache, rows.tables, rows.first,
+                        rows.seq_lens, bs, scale,
+                    )
+                )
+            else:
+                outs.append(_decode(q[:num_decode], kv_cache, metadata, rows, bs, scale))
         outs.extend(_prefill(q, k, v, kv_cache, metadata, row, bs, scale) for row in view.prefills)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
         return out if out.dtype == q.dtype else out.to(q.dtype)

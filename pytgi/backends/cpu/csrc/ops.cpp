@@ -1,0 +1,232 @@
+// pytgi's CPU kernels (fp32): each replaces a chain of small ATen calls on the decode hot path,
+// where a batch-1 step is ~60 ATen calls per layer at ~2.5 us each (docs/PERFORMANCE.md). They are
+// optional: the Python callers keep the pure-torch path, which tests compare these against.
+//
+// Layouts (the callers' invariants, checked below):
+//   activations  [T, ..., D] with the last dimension contiguous;
+//   KV cache     [KVH, num_blocks * block_size, D] per layer (head-major, see attention.py): the
+//                keys of block b, head h are the contiguous rows [b * block_size, (b+1) * block_size).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+void check_f32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name,
+              " must be a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, name, " must have a contiguous last dimension");
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
+
+inline void scale_into(float* out, const float* x, const float* w, float s, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * s);
+}
+
+}  // namespace
+
+// x [..., D] contiguous -> weight * x / sqrt(mean(x^2) + eps), per row (transformers' formula).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_f32(x, "x");
+  check_f32(weight, "weight");
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+  auto out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * d;
+      const float s = 1.f / std::sqrt(sum_squares(row, d) / d + static_cast<float>(eps));
+      scale_into(op + r * d, row, wp, s, d);
+    }
+  });
+  return out;
+}
+
+// The pre-norm block's "add then norm": residual += x (in place), returns rms_norm(residual).
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
+                         double eps) {
+  check_f32(x, "x");
+  check_f32(residual, "residual");
+  check_f32(weight, "weight");
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && x.sizes() == residual.sizes(),
+              "x and residual must be contiguous tensors of the same shape");
+  const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+  auto out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  float *rp = residual.data_ptr<float>(), *op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = rp + r * d;
+      const float* add = xp + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) row[i] += add[i];
+      const float s = 1.f / std::sqrt(sum_squares(row, d) / d + static_cast<float>(eps));
+      scale_into(op + r * d, row, wp, s, d);
+    }
+  });
+  return out;
+}
+
+// In place, rotate-half RoPE on the first rotary_dim features of every head:
+// x [T, N, D] (any row/head strides), cos [T, rd] = [c | c], sin [T, rd] = [-s | s]:
+// x[:rd] <- x[:rd] * cos + [x2 | x1] * sin.
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_f32(x, "x");
+  check_f32(cos, "cos");
+  check_f32(sin, "sin");
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && cos.sizes() == sin.sizes(), "bad rotary shapes");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos/sin must be contiguous");
+  const int64_t tokens = x.size(0), heads = x.size(1), rd = cos.size(1), half = rd / 2;
+  TORCH_CHECK(cos.size(0) == tokens && rd <= x.size(2) && rd % 2 == 0, "bad rotary shapes");
+  const int64_t st = x.stride(0), sh = x.stride(1);
+  float* xp = x.data_ptr<float>();
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float *c = cp + t * rd, *s = sp + t * rd;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = xp + t * st + h * sh;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c[i] + b * s[i];
+          v[i + half] = b * c[i + half] + a * s[i + half];
+        }
+      }
+    }
+  });
+}
+
+// k, v [T, KVH, D] (any row/head strides) -> k_cache, v_cache [KVH, S, D] at slots [T] (int64).
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  for (const at::Tensor* t : {&k, &v, static_cast<const at::Tensor*>(&k_cache),
+                               static_cast<const at::Tensor*>(&v_cache)}) {
+    check_f32(*t, "k/v and caches");
+  }
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k_cache.dim() == 3, "bad K/V shapes");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == k.size(0), "bad slot mapping");
+  const int64_t tokens = k.size(0), kvh = k.size(1), d = k.size(2), num_slots = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(0) == kvh && k_cache.size(2) == d && v_cache.sizes() == k_cache.sizes(),
+              "cache shape does not match K/V");
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(sl[t] >= 0 && sl[t] < num_slots, "bad slot");
+  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  const int64_t kst = k.stride(0), ksh = k.stride(1), vst = v.stride(0), vsh = v.stride(1);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < kvh; ++h) {
+      std::copy_n(kp + t * kst + h * ksh, d, kc + (h * num_slots + sl[t]) * d);
+      std::copy_n(vp + t * vst + h * vsh, d, vc + (h * num_slots + sl[t]) * d);
+    }
+  }
+}
+
+// One query token per row, read straight from the paged cache (no gather copy):
+// q [B, H, D] (any row/head strides), caches [KVH, num_blocks * block_size, D],
+// block_tables [B, W] int64 (padded), first / seq_lens [B] int64: row b attends the keys at
+// positions first[b] <= p < seq_lens[b]. Query head h reads KV head h / (H / KVH) (GQA, as
+// transformers' repeat_kv). Returns [B, H, D]. Exact softmax: scores of a (row, KV head) are
+// kept for all its query heads, then one pass over V.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& first, const at::Tensor& seq_lens,
+                            int64_t block_size, double scale) {
+  check_f32(q, "q");
+  check_f32(k_cache, "k_cache");
+  check_f32(v_cache, "v_cache");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
+              "bad attention shapes");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  for (const at::Tensor* t : {&block_tables, &first, &seq_lens}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "int64 metadata expected");
+  }
+  const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t kvh = k_cache.size(0), num_slots = k_cache.size(1), width = block_tables.size(1);
+  TORCH_CHECK(k_cache.size(2) == d && heads % kvh == 0, "head counts do not match the cache");
+  TORCH_CHECK(block_tables.size(0) == rows && first.numel() == rows && seq_lens.numel() == rows,
+              "one block table, first and length per row");
+  const int64_t group = heads / kvh;
+  const int64_t *tables = block_tables.data_ptr<int64_t>(), *fp = first.data_ptr<int64_t>(),
+                *lp = seq_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < rows; ++b) {
+    TORCH_CHECK(0 <= fp[b] && fp[b] < lp[b] && lp[b] <= width * block_size, "bad key range");
+    for (int64_t i = fp[b] / block_size; i < (lp[b] + block_size - 1) / block_size; ++i) {
+      const int64_t blk = tables[b * width + i];
+      TORCH_CHECK(blk >= 0 && (blk + 1) * block_size <= num_slots, "block id out of range");
+    }
+  }
+  auto out = at::empty({rows, heads, d}, q.options());
+  const float *qp = q.data_ptr<float>(), *kc = k_cache.data_ptr<float>(),
+              *vc = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t qsr = q.stride(0), qsh = q.stride(1);
+  const float sc = static_cast<float>(scale);
+
+  at::parallel_for(0, rows * kvh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc(group * d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / kvh, h = task % kvh, lo = fp[b], hi = lp[b], len = hi - lo;
+      const int64_t* table = tables + b * width;
+      const float* kh = kc + h * num_slots * d;
+      const float* vh = vc + h * num_slots * d;
+      scores.resize(group * len);
+      for (int64_t p = lo; p < hi; ++p) {  // pass 1: q . k for every query head of the group
+        const float* key = kh + (table[p / block_size] * block_size + p % block_size) * d;
+        for (int64_t g = 0; g < group; ++g) {
+          scores[g * len + p - lo] = dot(qp + b * qsr + (h * group + g) * qsh, key, d) * sc;
+        }
+      }
+      std::vector<float> denom(group);
+      for (int64_t g = 0; g < group; ++g) {  // softmax numerators, max-shifted
+        float* s = scores.data() + g * len;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < len; ++i) m = std::max(m, s[i]);
+        float total = 0.f;
+        for (int64_t i = 0; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
+        denom[g] = total;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t p = lo; p < hi; ++p) {  // pass 2: weighted sum of the values
+        const float* value = vh + (table[p / block_size] * block_size + p % block_size) * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const float w = scores[g * len + p - lo];
+          float* a = acc.data() + g * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) a[i] += w * value[i];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* o = op + (b * heads + h * group + g) * d;
+        const float inv = 1.f / denom[g];
+        for (int64_t i = 0; i < d; ++i) o[i] = acc[g * d + i] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (fp32)");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; RMSNorm(residual) (fp32)");
+  m.def("rotary_", &rotary_, "in-place rotate-half RoPE (fp32)");
+  m.def("store_kv", &store_kv, "write K/V rows into the head-major paged cache (fp32)");
+  m.def("decode_attention", &decode_attention, "one-token attention over the paged cache (fp32)");
+}

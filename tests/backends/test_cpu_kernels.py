@@ -1,0 +1,94 @@
+"""The compiled CPU kernels (pytgi/backends/cpu/csrc/ops.cpp) against torch references: paged
+decode attention read in place (GQA, sliding windows, scattered blocks, strided queries), the KV
+store, and their refusal of out-of-range metadata (an error, never a crash)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytgi.backends.cpu import kernels
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = kernels.load_cpu_kernels()
+    assert module is not None, "the CPU kernels failed to build"
+    return module
+
+
+def paged(keys: list[torch.Tensor], num_blocks: int, block_size: int, seed: int):
+    """Scatter each sequence's [L, KVH, D] keys into a head-major cache over shuffled blocks."""
+    kvh, d = keys[0].shape[1:]
+    cache = torch.randn(kvh, num_blocks * block_size, d)  # garbage where nothing was written
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    tables = []
+    for seq in keys:
+        n = -(-seq.shape[0] // block_size)
+        table, order = order[:n], order[n:]
+        for p in range(seq.shape[0]):
+            cache[:, table[p // block_size] * block_size + p % block_size] = seq[p]
+        tables.append(table)
+    width = max(len(t) for t in tables)
+    return cache, torch.tensor([t + [0] * (width - len(t)) for t in tables])
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (9, 3)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_matches_sdpa(ops, heads, kv_heads, window):
+    g = torch.Generator().manual_seed(heads + kv_heads)
+    d, bs, lengths = 16, 4, [1, 7, 13, 30]
+    keys = [torch.randn(n, kv_heads, d, generator=g) for n in lengths]
+    values = [torch.randn(n, kv_heads, d, generator=g) for n in lengths]
+    k_cache, tables = paged(keys, 24, bs, seed=1)
+    v_cache, _ = paged(values, 24, bs, seed=1)
+    qkv = torch.randn(len(lengths), heads + 2 * kv_heads, d, generator=g)
+    q = qkv[:, :heads]  # strided rows, as the model passes it
+    seq_lens = torch.tensor(lengths)
+    first = (seq_lens - window).clamp(min=0) if window else torch.zeros_like(seq_lens)
+    out = ops.decode_attention(q, k_cache, v_cache, tables, first, seq_lens, bs, d**-0.5)
+    for b, n in enumerate(lengths):
+        lo = int(first[b])
+        expected = F.scaled_dot_product_attention(
+            q[b].unsqueeze(1),  # [H, 1, D]
+            keys[b][lo:n].transpose(0, 1),  # [KVH, L, D]
+            values[b][lo:n].transpose(0, 1),
+            scale=d**-0.5,
+            enable_gqa=True,
+        ).squeeze(1)
+        torch.testing.assert_close(out[b], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_store_kv_matches_index_copy(ops):
+    k, v = torch.randn(5, 3, 8), torch.randn(5, 3, 8)
+    slots = torch.tensor([7, 0, 12, 3, 8])
+    caches = [torch.zeros(3, 16, 8) for _ in range(4)]
+    ops.store_kv(k, v, caches[0], caches[1], slots)
+    caches[2].index_copy_(1, slots, k.transpose(0, 1))
+    caches[3].index_copy_(1, slots, v.transpose(0, 1))
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_out_of_range_metadata_is_an_error(ops):
+    cache = torch.zeros(2, 8, 4)
+    with pytest.raises(RuntimeError, match="bad slot"):
+        ops.store_kv(
+            torch.ones(1, 2, 4), torch.ones(1, 2, 4), cache, cache.clone(), torch.tensor([8])
+        )
+    q = torch.randn(1, 2, 4)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        ops.decode_attention(
+            q, cache, cache, torch.tensor([[5]]), torch.tensor([0]), torch.tensor([3]), 4, 0.5
+        )
+    with pytest.raises(RuntimeError, match="bad key range"):
+        ops.decode_attention(
+            q, cache, cache, torch.tensor([[0]]), torch.tensor([0]), torch.tensor([9]), 4, 0.5
+        )
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("PYTGI_CPU_KERNELS", "0")
+    monkeypatch.setattr(kernels, "_state", {})
+    assert kernels.load_cpu_kernels() is None
+    assert kernels.cpu_kernels_for(torch.zeros(1)) is None
