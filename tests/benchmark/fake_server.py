@@ -101,9 +101,9 @@ class FakeServer:
                     return
                 extra = config.delay_per_inflight_s * (self.stats.num_inflight - 1)
                 await asyncio.sleep(config.token_delay_s + extra)
+                if i == num_tokens - 1 and not fails:  # counted before the client can see the end
+                    self.stats.num_generated_tokens += num_tokens
                 yield i
-            if not fails:
-                self.stats.num_generated_tokens += num_tokens
         finally:
             self.stats.num_inflight -= 1
 
