@@ -38,6 +38,7 @@ def text_report(result: BenchResult) -> str:
         rows = [_row(m) for m in case.summary.values()]
         lines += _fixed_width([[c[0] for c in COLUMNS], *rows])
         lines += _replay_lines(case) + _ratio_lines(case) + _target_lines(case)
+        lines += _floor_lines(result, case)
     return "\n".join(lines) + "\n"
 
 
@@ -51,6 +52,7 @@ def markdown_report(result: BenchResult) -> str:
         lines += ["| " + " | ".join(_row(m)) + " |" for m in case.summary.values()]
         lines.append("")
         notes = _replay_lines(case) + _ratio_lines(case) + _target_lines(case)
+        notes += _floor_lines(result, case)
         lines += [f"- {line}" for line in notes]
     return "\n".join(lines) + "\n"
 
@@ -131,3 +133,21 @@ def _target_lines(case: CaseResult) -> list[str]:
             f"target {v['metric']} >= {v['min_ratio']:.2f} {goal}: {v['value']:.2f} ({verdict})"
         )
     return lines
+
+
+def _floor_lines(result: BenchResult, case: CaseResult) -> list[str]:
+    """The workload's matmul FLOPs at the measured GEMM rate: no engine on this machine and
+    thread count finishes sooner, so baseline wall ÷ floor caps pytgi's output-rate ratio."""
+    w = case.workload
+    flop = result.footprint.workload_matmul_flop(w.num_prompt_tokens, w.num_output_tokens)
+    floor_s = flop / (case.roofline.gemm_gflop_s * 1e9)
+    caps = [
+        f"{m.system} {m.wall_s / floor_s:.2f}x"
+        for m in case.summary.values()
+        if m.system != "pytgi" and floor_s > 0
+    ]
+    line = (
+        f"compute floor: {flop / 1e12:.3g} TFLOP of matmuls = {floor_s:.1f} s "
+        "at the measured GEMM rate"
+    )
+    return [line + (f"; highest reachable pytgi / baseline: {', '.join(caps)}" if caps else "")]

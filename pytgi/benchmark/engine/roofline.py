@@ -48,6 +48,12 @@ class ModelFootprint:
         """Bytes read per decode step: all layers and the LM head (embedding rows: negligible)."""
         return (self.num_matmul_params + self.num_head_params) * self.dtype_bytes
 
+    def workload_matmul_flop(self, num_prompt_tokens: int, num_output_tokens: int) -> int:
+        """Matmul FLOPs any engine must do for a workload: every prompt token through the
+        layers, every output token through the layers and the LM head (attention not counted)."""
+        per_output = 2 * (self.num_matmul_params + self.num_head_params)
+        return num_prompt_tokens * self.prefill_flop_per_token + num_output_tokens * per_output
+
     @property
     def prefill_flop_per_token(self) -> int:
         """2 FLOP per matmul weight (the LM head runs once per prompt; attention is not counted)."""
