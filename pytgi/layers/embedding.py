@@ -5,10 +5,11 @@ rows). The embedding looks up local ids, zeroes the others and all-reduces; the 
 local logits and gathers them to rank 0, which is the only rank that samples.
 
 On CPU in fp32 the LM head re-lays its [V, D] matrix after loading as column blocks [C, D, n]
-(n = VOCAB_BLOCK, zero-padded): one batched matmul over the blocks streams the matrix 1.3-1.8x
-faster than `F.linear` on the row-major matrix at 1-16 rows, which is what decode asks of it
-(docs/PERFORMANCE.md, "Kernel choices"). The row-major copy is then freed; a tied embedding looks
-its rows up in the blocks instead, so the matrix is held once.
+(zero-padded): n = 16 tiles for the compiled `linear_packed` kernel, else n = VOCAB_BLOCK and one
+batched matmul over the blocks, which streams the matrix 1.3-1.8x faster than `F.linear` on the
+row-major matrix at 1-16 rows, what decode asks of it (docs/PERFORMANCE.md, "Kernel choices").
+The row-major copy is then freed; a tied embedding looks its rows up in the blocks instead, so the
+matrix is held once.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import set_weight_attrs
 
 VOCAB_BLOCK = 4096  # columns per block of the CPU head layout (measured best of 1024-8192)
+KERNEL_TILE = 16  # columns per tile of the compiled kernel's layout
 
 
 def pack_vocab_blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
@@ -93,7 +96,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
-        self.blocks = pack_vocab_blocks(weight.data, VOCAB_BLOCK)
+        kernels = cpu_kernels_for(weight) is not None
+        self.blocks = pack_vocab_blocks(weight.data, KERNEL_TILE if kernels else VOCAB_BLOCK)
         if self.tied_embedding is not None:
             self.tied_embedding.blocks = self.blocks
         weight.data = weight.data.new_empty(0, self.embedding_dim)  # the blocks hold it now
@@ -102,6 +106,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden [N, D] -> this rank's logits [N, num_local]."""
         if self.blocks is None:
             return F.linear(hidden, self.weight)
+        ops = cpu_kernels_for(hidden)
+        if ops is not None and self.blocks.shape[-1] == KERNEL_TILE:
+            return ops.linear_packed(hidden, self.blocks, None)[:, : self.num_local]
         num_blocks, _, block = self.blocks.shape
         out = torch.matmul(hidden.unsqueeze(0), self.blocks)  # [C, N, block]
         logits = out.transpose(0, 1).reshape(hidden.shape[0], num_blocks * block)

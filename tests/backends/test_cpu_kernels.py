@@ -92,3 +92,20 @@ def test_disabled_by_environment(monkeypatch):
     monkeypatch.setattr(kernels, "_state", {})
     assert kernels.load_cpu_kernels() is None
     assert kernels.cpu_kernels_for(torch.zeros(1)) is None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 33])
+@pytest.mark.parametrize("blocks,width", [(1, 16), (3, 16), (2, 20)])  # 20: the scalar tail
+def test_linear_packed_matches_matmul(ops, rows, blocks, width):
+    g = torch.Generator().manual_seed(rows * 100 + width)
+    k = 37
+    weight = torch.randn(blocks * width, k, generator=g)  # [N, K]
+    packed = weight.view(blocks, width, k).transpose(1, 2).contiguous()  # [C, K, n]
+    x = torch.randn(rows, 2 * k, generator=g)[:, :k]  # rows 2K apart, as a view of a wider row
+    bias = torch.randn(blocks * width, generator=g)
+    torch.testing.assert_close(ops.linear_packed(x, packed), x @ weight.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ops.linear_packed(x, packed, bias), x @ weight.T + bias, rtol=1e-5, atol=1e-5
+    )
+    with pytest.raises(RuntimeError, match="disagree on K"):
+        ops.linear_packed(x[:, :-1].contiguous(), packed)

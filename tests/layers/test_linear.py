@@ -141,9 +141,12 @@ def test_indivisible_heads_are_a_load_error(as_rank):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_packed_head_and_tied_embedding_match_the_matrix(as_rank, monkeypatch, world_size):
-    """CPU fp32 head packed into vocab blocks (3 rows per block here, so the last block of each
-    rank is zero-padded): logits and the tied embedding's rows are unchanged."""
+def test_packed_head_and_tied_embedding_match_the_matrix(
+    as_rank, monkeypatch, world_size, cpu_kernels
+):
+    """CPU fp32 head packed into vocab blocks (3 rows per block here without the kernels, 16 with
+    them; the last block of each rank is zero-padded): logits and the tied embedding's rows are
+    unchanged."""
     monkeypatch.setattr(embedding, "VOCAB_BLOCK", 3)
     weight = torch.randn(11, 4)
     ids = torch.tensor([0, 5, 6, 10, 3, 7])
@@ -170,12 +173,24 @@ def _local(ids, emb):
     return (ids - emb.vocab_start) * _is_local(ids, emb).squeeze(1)
 
 
-def test_unquantized_cpu_fp32_weights_go_column_major_when_wide():
-    wide, narrow = ReplicatedLinear(4, 8), ReplicatedLinear(8, 4)
+@pytest.mark.parametrize("bias", [False, True])
+def test_unquantized_cpu_fp32_layouts(cpu_kernels, bias):
+    """After loading: packed 16-column tiles with the compiled kernels (20 outputs: one padded
+    tile), else column-major for wide layers; the result is the plain x @ W.T (+ b) either way."""
+    wide, narrow = ReplicatedLinear(8, 20, bias=bias), ReplicatedLinear(20, 8, bias=bias)
     for layer in (wide, narrow):
         w = torch.randn(layer.output_size, layer.input_size)
         load(layer, "weight", w)
+        b = torch.randn(layer.output_size)
+        if bias:
+            load(layer, "bias", b)
         layer.quant_method.process_weights_after_loading(layer)
-        x = torch.randn(3, layer.input_size)
-        torch.testing.assert_close(layer(x), x @ w.T)
-    assert wide.weight.t().is_contiguous() and narrow.weight.is_contiguous()
+        for rows in (1, 7, 40):
+            x = torch.randn(rows, layer.input_size)
+            expected = x @ w.T + (b if bias else 0)
+            torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    if cpu_kernels == "compiled":
+        assert wide.weight_packed.shape == (2, 8, 16) and wide.weight.numel() == 0
+    else:
+        assert wide.weight.t().is_contiguous() and not wide.weight.is_contiguous()
+        assert narrow.weight.is_contiguous()

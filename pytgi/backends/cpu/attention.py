@@ -175,8 +175,14 @@ class CpuAttentionBackend(AttentionBackend):
             if ops is not None:  # reads the paged cache in place: no gather, no mask
                 outs.append(
                     ops.decode_attention(
-                        q[:num_decode], k_cache, v_cache, rows.tables, rows.first,
-                        rows.seq_lens, bs, scale,
+                        q[:num_decode],
+                        k_cache,
+                        v_cache,
+                        rows.tables,
+                        rows.first,
+                        rows.seq_lens,
+                        bs,
+                        scale,
                     )
                 )
             else:

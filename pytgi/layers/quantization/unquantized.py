@@ -1,10 +1,13 @@
-"""The plain path: a dense weight [out, in] in the model dtype and `F.linear`.
+"""The plain path: a dense weight [out, in] in the model dtype.
 
-On CPU in fp32, a layer with at least as many outputs as inputs keeps its weight column-major
-(still a logical [out, in] tensor, stored as the contiguous transpose): MKL then streams the
-weight as x @ W^T without a transposed GEMV, 1.1-1.9x faster at 1-16 rows (decode) and the same
-at prefill sizes; layers with fewer outputs than inputs (down_proj) run faster row-major
-(docs/PERFORMANCE.md, "Kernel choices").
+CPU fp32 layouts, chosen after loading (measurements in docs/PERFORMANCE.md, "Kernel choices"):
+- with the compiled CPU kernels: the weight is packed as 16-column tiles [ceil(out/16), in, 16]
+  (zero-padded) and `linear_packed` runs every batch size on it: ~2x MKL at 2-6 rows, 1.5x at 16,
+  equal at prefill sizes;
+- without them: a layer with at least as many outputs as inputs keeps its weight column-major
+  (still a logical [out, in] tensor, stored as the contiguous transpose), which MKL streams
+  1.1-1.9x faster at decode sizes; narrower layers (down_proj) stay row-major.
+Everywhere else: `F.linear` on the checkpoint's row-major weight.
 """
 
 from __future__ import annotations
@@ -14,7 +17,25 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.layers.quantization.base import LinearMethod, set_weight_attrs
+
+TILE = 16  # output columns per packed tile (the kernel's register tile)
+
+
+def pack_column_tiles(weight: torch.Tensor, tile: int = TILE) -> torch.Tensor:
+    """[N, K] -> [ceil(N / tile), K, tile], zero-padded past N."""
+    n, k = weight.shape
+    num_tiles = -(-n // tile)
+    padded = weight.new_zeros(num_tiles * tile, k)
+    padded[:n] = weight
+    return padded.view(num_tiles, tile, k).transpose(1, 2).contiguous()
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ packed [C, K, n] -> [M, C * n] in pure torch (when the kernels are off)."""
+    num_tiles, _, width = packed.shape
+    return torch.matmul(x.unsqueeze(0), packed).transpose(0, 1).reshape(-1, num_tiles * width)
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -32,15 +53,39 @@ class UnquantizedLinearMethod(LinearMethod):
         )
         set_weight_attrs(weight, weight_loader=weight_loader, output_dim=0, input_dim=1)
         layer.register_parameter("weight", weight)
+        layer.weight_packed = None  # [ceil(out/16), in, 16] once packed (CPU fp32 kernels)
+        layer.bias_packed = None  # [ceil(out/16) * 16]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         weight = layer.weight
         out_features, in_features = weight.shape
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            if out_features >= in_features and weight.is_contiguous():
-                weight.data = weight.data.t().contiguous().t()  # [out, in], strides (1, out)
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return
+        if cpu_kernels_for(weight) is not None:
+            layer.weight_packed = pack_column_tiles(weight.data)
+            layer.packed_out_features = out_features
+            bias = getattr(layer, "bias", None)
+            if bias is not None:
+                width = layer.weight_packed.shape[0] * TILE
+                layer.bias_packed = torch.cat([bias.data, bias.new_zeros(width - out_features)])
+            weight.data = weight.data.new_empty(0, in_features)  # the tiles hold it now
+        elif out_features >= in_features and weight.is_contiguous():
+            weight.data = weight.data.t().contiguous().t()  # [out, in], strides (1, out)
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        packed = layer.weight_packed
+        if packed is None:
+            return F.linear(x, layer.weight, bias)
+        out_features = layer.packed_out_features
+        ops = cpu_kernels_for(x)
+        if ops is not None and x.dim() == 2:
+            tiled_bias = layer.bias_packed if bias is not None else None
+            y = ops.linear_packed(x, packed, tiled_bias)  # [M, ceil(out/16) * 16]
+        else:  # kernels switched off after packing: same result through torch
+            y = packed_matmul(x.reshape(-1, x.shape[-1]), packed)
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+            if bias is not None:
+                y = y + layer.bias_packed
+        return y if y.shape[-1] == out_features else y[..., :out_features]
