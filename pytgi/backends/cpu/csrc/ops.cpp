@@ -1,5 +1,6 @@
-// pytgi's CPU kernels (fp32): each replaces a chain of small ATen calls on the decode hot path,
-// where a batch-1 step is ~60 ATen calls per layer at ~2.5 us each (docs/PERFORMANCE.md). They are
+// pytgi's CPU kernels (fp32): a GEMM on packed weights that beats MKL at decode sizes, and fused
+// ops that each replace a chain of small ATen calls on the decode hot path, where a batch-1 step
+// was ~60 ATen calls per layer at ~2.5 us each (docs/PERFORMANCE.md, "Kernel choices"). They are
 // optional: the Python callers keep the pure-torch path, which tests compare these against.
 //
 // Layouts (the callers' invariants, checked below):
