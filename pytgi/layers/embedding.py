@@ -23,18 +23,9 @@ from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import set_weight_attrs
+from pytgi.layers.quantization.unquantized import TILE, pack_column_tiles, packed_matmul
 
-VOCAB_BLOCK = 4096  # columns per block of the CPU head layout (measured best of 1024-8192)
-KERNEL_TILE = 16  # columns per tile of the compiled kernel's layout
-
-
-def pack_vocab_blocks(weight: torch.Tensor, block: int) -> torch.Tensor:
-    """[V, D] -> [ceil(V / block), D, block], zero-padded past V."""
-    rows, dim = weight.shape
-    num_blocks = -(-rows // block)
-    padded = torch.zeros(num_blocks * block, dim, dtype=weight.dtype, device=weight.device)
-    padded[:rows] = weight
-    return padded.view(num_blocks, block, dim).transpose(1, 2).contiguous()
+VOCAB_BLOCK = 4096  # columns per block of the head without the kernels (best of 1024-8192)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -52,7 +43,7 @@ class VocabParallelEmbedding(nn.Module):
             torch.empty(per_rank, embedding_dim, dtype=dtype), requires_grad=False
         )
         set_weight_attrs(self.weight, weight_loader=self.weight_loader)
-        self.blocks: torch.Tensor | None = None  # [C, D, VOCAB_BLOCK] once packed (CPU head)
+        self.blocks: torch.Tensor | None = None  # [C, D, width] once packed (CPU head)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         expected = (self.num_embeddings, self.embedding_dim)
@@ -97,7 +88,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
         kernels = cpu_kernels_for(weight) is not None
-        self.blocks = pack_vocab_blocks(weight.data, KERNEL_TILE if kernels else VOCAB_BLOCK)
+        self.blocks = pack_column_tiles(weight.data, TILE if kernels else VOCAB_BLOCK)
         if self.tied_embedding is not None:
             self.tied_embedding.blocks = self.blocks
         weight.data = weight.data.new_empty(0, self.embedding_dim)  # the blocks hold it now
@@ -106,13 +97,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden [N, D] -> this rank's logits [N, num_local]."""
         if self.blocks is None:
             return F.linear(hidden, self.weight)
-        ops = cpu_kernels_for(hidden)
-        if ops is not None and self.blocks.shape[-1] == KERNEL_TILE:
-            return ops.linear_packed(hidden, self.blocks, None)[:, : self.num_local]
-        num_blocks, _, block = self.blocks.shape
-        out = torch.matmul(hidden.unsqueeze(0), self.blocks)  # [C, N, block]
-        logits = out.transpose(0, 1).reshape(hidden.shape[0], num_blocks * block)
-        return logits[:, : self.num_local]
+        return packed_matmul(hidden, self.blocks)[:, : self.num_local]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""

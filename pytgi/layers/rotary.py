@@ -156,7 +156,7 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     """`apply_rotary` that may rotate x in place (the compiled CPU kernel does; the torch path
     returns a new tensor). Use the return value; x must not be needed unrotated afterwards."""
     ops = cpu_kernels_for(x)
-    if ops is None or cos.dtype != torch.float32:
+    if ops is None:
         return apply_rotary(x, cos, sin)
     ops.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
     return x

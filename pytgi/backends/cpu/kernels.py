@@ -2,7 +2,7 @@
 loader and cached by it (~/.cache/torch_extensions, keyed by the source's hash).
 
 `load_cpu_kernels()` is called once at start-up (`select_attention_backend` on CPU); it compiles
-if needed (about a minute the first time on a machine) and logs the outcome. Layers then ask
+if needed (~30 s the first time on a machine) and logs the outcome. Layers then ask
 `cpu_kernels_for(tensor)`, which never compiles: it returns the module for float32 CPU tensors
 once loaded, else None, and the caller runs its pure-torch path. A failed build (no compiler) or
 PYTGI_CPU_KERNELS=0 leaves the torch path in charge everywhere.

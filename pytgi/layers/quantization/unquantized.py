@@ -32,10 +32,17 @@ def pack_column_tiles(weight: torch.Tensor, tile: int = TILE) -> torch.Tensor:
     return padded.view(num_tiles, tile, k).transpose(1, 2).contiguous()
 
 
-def packed_matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ packed [C, K, n] -> [M, C * n] in pure torch (when the kernels are off)."""
+def packed_matmul(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] @ packed [C, K, n] (+ bias [C * n]) -> [M, C * n]: the compiled kernel when it is
+    loaded, else one batched torch matmul over the tiles (any tile width)."""
+    ops = cpu_kernels_for(x)
+    if ops is not None:
+        return ops.linear_packed(x, packed, bias)
     num_tiles, _, width = packed.shape
-    return torch.matmul(x.unsqueeze(0), packed).transpose(0, 1).reshape(-1, num_tiles * width)
+    y = torch.matmul(x.unsqueeze(0), packed).transpose(0, 1).reshape(-1, num_tiles * width)
+    return y if bias is None else y + bias
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -78,14 +85,7 @@ class UnquantizedLinearMethod(LinearMethod):
         packed = layer.weight_packed
         if packed is None:
             return F.linear(x, layer.weight, bias)
+        tiled_bias = layer.bias_packed if bias is not None else None
+        y = packed_matmul(x, packed, tiled_bias)  # x [T, in] -> [T, ceil(out/16) * 16]
         out_features = layer.packed_out_features
-        ops = cpu_kernels_for(x)
-        if ops is not None and x.dim() == 2:
-            tiled_bias = layer.bias_packed if bias is not None else None
-            y = ops.linear_packed(x, packed, tiled_bias)  # [M, ceil(out/16) * 16]
-        else:  # kernels switched off after packing: same result through torch
-            y = packed_matmul(x.reshape(-1, x.shape[-1]), packed)
-            y = y.reshape(*x.shape[:-1], y.shape[-1])
-            if bias is not None:
-                y = y + layer.bias_packed
         return y if y.shape[-1] == out_features else y[..., :out_features]
