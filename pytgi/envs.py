@@ -48,3 +48,10 @@ def cpu_kernels_enabled() -> bool:
     """PYTGI_CPU_KERNELS=0 keeps the pure-torch CPU path (compiled kernels are the default)."""
     value = get("PYTGI_CPU_KERNELS")
     return value is None or value.strip().lower() in _TRUE
+
+
+def fused_decode_enabled() -> bool:
+    """PYTGI_FUSED_DECODE=0 runs decode steps layer by layer even where the fused CPU decode
+    kernel could run them (for comparisons; the fused kernel is the default)."""
+    value = get("PYTGI_FUSED_DECODE")
+    return value is None or value.strip().lower() in _TRUE

@@ -1,6 +1,13 @@
 """Shared decoder blocks for Llama-family models; variations are flags on `ModelSpec`, not branches
 on model type: q/k/v and output bias, per-head q/k RMSNorm (Qwen3), attention scale and residual
 multiplier (Granite), per-layer sliding window (Mistral, Qwen2).
+
+`DecoderStack` runs the layers in order, or, for a step of decode rows only on CPU fp32 with the
+compiled kernels, all of them in one call of the fused decode kernel
+(backends/cpu/csrc/decode_stack.cpp): the same floats as the layers' own kernels, without ~10
+Python calls and parallel regions per layer. Each block hands the kernel its tensors
+(`fused_decode_tensors`) or None when it cannot run there (quantized or tensor-parallel weights,
+an activation other than SiLU), and the stack then stays on the layer-by-layer path.
 """
 
 from __future__ import annotations
@@ -8,14 +15,42 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pytgi import envs
+from pytgi.backends.cpu.attention import CpuAttentionMetadata
+from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.errors import ModelLoadError
-from pytgi.layers.activation import ACTIVATIONS
+from pytgi.layers.activation import ACTIVATIONS, SiluAndMul
 from pytgi.layers.attention import Attention
-from pytgi.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pytgi.layers.forward_context import get_forward_context
+from pytgi.layers.linear import (
+    LinearBase,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
+from pytgi.layers.quantization.unquantized import UnquantizedLinearMethod
 from pytgi.layers.rotary import apply_rotary_
 from pytgi.models.config import ModelSpec
+
+FusedTensors = dict[str, torch.Tensor]
+
+
+def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
+    """A linear's packed fp32 tiles [C, K, 16] (and bias [C * 16]) as the fused kernel takes them;
+    None when the weight is not packed (quantized, not fp32, no kernels) or is sharded."""
+    packed = getattr(linear, "weight_packed", None)
+    if (
+        packed is None
+        or linear.tp.world_size != 1
+        or not isinstance(linear.quant_method, UnquantizedLinearMethod)
+    ):
+        return None
+    tensors = {name: packed}
+    if linear.bias_packed is not None:
+        tensors[f"{name}_bias"] = linear.bias_packed
+    return tensors
 
 
 class RopeAttention(nn.Module):
@@ -65,6 +100,15 @@ class RopeAttention(nn.Module):
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
 
+    def fused_decode_tensors(self) -> FusedTensors | None:
+        qkv, o = _packed(self.qkv_proj, "qkv"), _packed(self.o_proj, "o")
+        if qkv is None or o is None:
+            return None
+        tensors = qkv | o
+        if self.qk_norm:
+            tensors |= {"q_norm": self.q_norm.weight, "k_norm": self.k_norm.weight}
+        return tensors
+
 
 class GatedMLP(nn.Module):
     def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None, prefix: str):
@@ -93,6 +137,12 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [T, hidden]
 
+    def fused_decode_tensors(self) -> FusedTensors | None:
+        gate_up, down = _packed(self.gate_up_proj, "gate_up"), _packed(self.down_proj, "down")
+        if gate_up is None or down is None or not isinstance(self.act_fn, SiluAndMul):
+            return None
+        return gate_up | down
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so each norm fuses the add."""
@@ -119,3 +169,83 @@ class DecoderLayer(nn.Module):
         hidden = self._scaled(self.self_attn(hidden, cos, sin))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self._scaled(self.mlp(hidden)), residual
+
+    def fused_decode_tensors(self) -> FusedTensors | None:
+        attention, mlp = self.self_attn.fused_decode_tensors(), self.mlp.fused_decode_tensors()
+        if attention is None or mlp is None:
+            return None
+        norms = {
+            "input_norm": self.input_layernorm.weight,
+            "post_norm": self.post_attention_layernorm.weight,
+        }
+        return attention | mlp | norms
+
+
+class DecoderStack(nn.ModuleList):
+    """The decoder layers (parameter names `layers.{i}`), run in order."""
+
+    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None, prefix: str):
+        super().__init__(
+            DecoderLayer(spec, i, quant_config, f"{prefix}.{i}") for i in range(spec.num_layers)
+        )
+        self.spec = spec
+        self._fused = None  # the compiled DecodeStack once built; False when it cannot run
+
+    def forward(self, hidden, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, hidden], cos / sin [T, 1, rotary_dim] -> (hidden, residual) [T, hidden]
+        each: the final norm's input is their sum."""
+        metadata = get_forward_context().attn_metadata
+        if isinstance(metadata, CpuAttentionMetadata) and metadata.is_decode_only:
+            fused = self._fused_stack(hidden)
+            if fused is not None:
+                return self._fused_forward(fused, metadata, hidden, cos, sin)
+        residual = None
+        for layer in self:
+            hidden, residual = layer(hidden, residual, cos, sin)
+        return hidden, residual
+
+    def _fused_forward(self, fused, metadata: CpuAttentionMetadata, hidden, cos, sin):
+        tables, seq_lens = metadata.decode_tables  # [B, W], [B]
+        caches = [layer.self_attn.attn.kv_cache for layer in self]
+        return fused.forward(
+            hidden.contiguous(),
+            cos.squeeze(1),
+            sin.squeeze(1),
+            metadata.slot_mapping,
+            tables,
+            seq_lens,
+            metadata.batch.block_size,
+            [k for k, _ in caches],
+            [v for _, v in caches],
+        )
+
+    def _fused_stack(self, hidden: torch.Tensor):
+        """The compiled stack over the layers' weights, built on first use; None where it cannot
+        run: no kernels for `hidden`, a layer without fused tensors, a non-fp32 KV cache."""
+        ops = cpu_kernels_for(hidden)
+        if ops is None or not envs.fused_decode_enabled():
+            return None
+        if self._fused is None:
+            self._fused = self._build(ops) or False
+        cache = self[0].self_attn.attn.kv_cache
+        if not self._fused or cache is None or cache[0].dtype != torch.float32:
+            return None
+        return self._fused
+
+    def _build(self, ops):
+        layers = [layer.fused_decode_tensors() for layer in self]
+        if any(tensors is None for tensors in layers):
+            return None
+        spec, attention = self.spec, self[0].self_attn
+        return ops.DecodeStack(
+            hidden_size=spec.hidden_size,
+            num_heads=attention.num_heads,
+            num_kv_heads=attention.num_kv_heads,
+            head_dim=spec.head_dim,
+            intermediate_size=spec.intermediate_size,
+            eps=spec.rms_norm_eps,
+            scale=attention.attn.scale,
+            residual_multiplier=spec.residual_multiplier,
+            layers=layers,
+            windows=[layer.self_attn.attn.sliding_window or 0 for layer in self],
+        )

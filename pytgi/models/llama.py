@@ -12,7 +12,7 @@ from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import get_rope
-from pytgi.models.blocks import DecoderLayer
+from pytgi.models.blocks import DecoderStack
 from pytgi.models.config import ModelSpec
 
 
@@ -28,10 +28,7 @@ class LlamaModel(nn.Module):
             spec.rope_theta,
             spec.rope_scaling,
         )
-        self.layers = nn.ModuleList(
-            DecoderLayer(spec, i, quant_config, prefix=f"model.layers.{i}")
-            for i in range(spec.num_layers)
-        )
+        self.layers = DecoderStack(spec, quant_config, prefix="model.layers")
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -40,9 +37,7 @@ class LlamaModel(nn.Module):
         if self.embedding_multiplier != 1.0:
             hidden = hidden * self.embedding_multiplier
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # [T, 1, rotary_dim] each
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin)
+        hidden, residual = self.layers(hidden, cos, sin)
         return self.norm(hidden, residual)[0]
 
 

@@ -25,6 +25,7 @@ Sliding window W (transformers' convention): a query at position p sees keys at 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -98,18 +99,34 @@ class CpuAttentionMetadata:
             self._buffers[key] = buffer
         return buffer
 
-    def _decode_rows(self, window: int | None) -> DecodeRows | None:
+    @property
+    def is_decode_only(self) -> bool:
+        return self.batch.num_decode_rows == self.batch.num_rows
+
+    @functools.cached_property
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows' (block tables [B, W], seq_lens [B]), int64: row b's keys are positions
+        0 <= p < seq_lens[b], in blocks tables[b, :ceil(seq_lens[b] / block_size)] (the rest is
+        padding with block 0)."""
         b = self.batch
         num_rows = b.num_decode_rows
-        if num_rows == 0:
+        seq_lens = torch.tensor(b.start_positions[:num_rows]) + 1  # [B]
+        width = max(-(-(p + 1) // b.block_size) for p in b.start_positions[:num_rows])
+        tables = torch.tensor([_padded(t, width) for t in b.block_tables[:num_rows]])  # [B, width]
+        return tables, seq_lens
+
+    def _decode_rows(self, window: int | None) -> DecodeRows | None:
+        b = self.batch
+        if b.num_decode_rows == 0:
             return None
         bs = b.block_size
-        seq_lens = torch.tensor(b.start_positions[:num_rows]) + 1  # [B]
+        tables, seq_lens = self.decode_tables  # [B, width], [B]
         first = (seq_lens - window).clamp(min=0) if window else torch.zeros_like(seq_lens)  # [B]
         first_block = first // bs  # [B]
         num_blocks = int((-(-seq_lens // bs) - first_block).max())
-        width = int(first_block.max()) + num_blocks
-        tables = torch.tensor([_padded(t, width) for t in b.block_tables[:num_rows]])  # [B, width]
+        width = int(first_block.max()) + num_blocks  # a row's window may end in the padding
+        if width > tables.shape[1]:
+            tables = F.pad(tables, (0, width - tables.shape[1]))
         blocks = tables.gather(1, first_block.unsqueeze(1) + torch.arange(num_blocks))  # [B, nb]
         lo = first - first_block * bs  # [B] first visible key of the row's gathered keys
         hi = seq_lens - first_block * bs  # [B] one past its last

@@ -10,6 +10,7 @@ PYTGI_CPU_KERNELS=0 leaves the torch path in charge everywhere.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -21,12 +22,17 @@ from pytgi import envs
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "csrc" / "ops.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "ops.cpp", CSRC / "decode_stack.cpp"]
+HEADERS = [CSRC / "common.h"]
 _state: dict[str, ModuleType | None] = {}
 
 
 def _cflags() -> list[str]:
-    flags = ["-O3", "-fopenmp"]
+    # the loader rebuilds when the sources or the flags change; the header's hash in the flags
+    # makes a header edit rebuild too
+    digest = hashlib.sha256(b"".join(h.read_bytes() for h in HEADERS)).hexdigest()[:16]
+    flags = ["-O3", "-fopenmp", f"-DPYTGI_HEADERS_SHA={digest}"]
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]  # the wheel's own dispatch picked these for this CPU
     return flags
@@ -46,7 +52,7 @@ def load_cpu_kernels() -> ModuleType | None:
 
             module = load(
                 name="pytgi_cpu_ops",
-                sources=[str(SOURCE)],
+                sources=[str(s) for s in SOURCES],
                 extra_cflags=_cflags(),
                 extra_ldflags=["-fopenmp"],
                 verbose=False,

@@ -1,0 +1,292 @@
+// Shared building blocks of pytgi's CPU kernels (fp32): row helpers, the decode attention of one
+// query head, and the 16-column register tiles of the packed GEMM. Used by ops.cpp (one op per
+// call) and decode_stack.cpp (a whole decode step's layers in one call), so both compute the same
+// floats. Everything here is inline: this header is included by both translation units.
+#pragma once
+
+#include <torch/extension.h>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pytgi {
+
+inline void check_f32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name,
+              " must be a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, name, " must have a contiguous last dimension");
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+inline float sum_squares(const float* a, int64_t n) { return dot(a, a, n); }
+
+inline void scale_into(float* out, const float* x, const float* w, float s, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * s);
+}
+
+// out = weight * x / sqrt(mean(x^2) + eps) over one row of d (transformers' formula).
+inline void rms_row(float* out, const float* x, const float* weight, int64_t d, float eps) {
+  scale_into(out, x, weight, 1.f / std::sqrt(sum_squares(x, d) / d + eps), d);
+}
+
+// Rotate-half RoPE of one head in place: v[:rd] <- v[:rd] * cos + [v2 | v1] * sin, where
+// cos = [c | c] and sin = [-s | s] (rd values each).
+inline void rotate_head(float* v, const float* c, const float* s, int64_t rd) {
+  const int64_t half = rd / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c[i] + b * s[i];
+    v[i + half] = b * c[i + half] + a * s[i + half];
+  }
+}
+
+// ---- decode attention: one query head against its row's keys (len rows of d floats) ----
+inline void attend_scalar(const float* q, const float* const* keys, const float* const* values,
+                   int64_t len, int64_t d, float scale, float* s, float* out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < len; ++i) m = std::max(m, s[i] = dot(q, keys[i], d) * scale);
+  float total = 0.f;
+  for (int64_t i = 0; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
+  std::fill(out, out + d, 0.f);
+  for (int64_t i = 0; i < len; ++i) {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) out[c] += s[i] * values[i][c];
+  }
+  for (int64_t c = 0; c < d; ++c) out[c] /= total;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr bool kVectorized = true;
+
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+// e^x, Cephes' expf: range reduction by ln 2, degree-5 polynomial; relative error ~2e-7. Inputs
+// are clamped to [-87.3, 88.3] (below: ~1e-38 instead of less; above: ~2e38 instead of more).
+inline __m256 exp_ps(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// d % 8 == 0. Scores with two FMA chains and one horizontal sum per key; the weighted sum of
+// values in chunks of 64 features held in 8 registers (the values are re-read per chunk from L1).
+inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
+                 int64_t len, int64_t d, float scale, float* s, float* out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < len; ++i) {
+    const float* k = keys[i];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), _mm256_loadu_ps(k + c + 8), a1);
+    }
+    if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
+    m = std::max(m, s[i] = hsum(_mm256_add_ps(a0, a1)) * scale);
+  }
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+    _mm256_storeu_ps(s + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = hsum(sum);
+  for (; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
+  const __m256 inv = _mm256_set1_ps(1.f / total);
+  for (int64_t c0 = 0; c0 < d; c0 += 64) {
+    const int64_t nc = std::min<int64_t>(8, (d - c0) / 8);
+    __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0,
+           r7 = r0;
+    for (int64_t j = 0; j < len; ++j) {
+      const __m256 w = _mm256_broadcast_ss(s + j);
+      const float* v = values[j] + c0;
+      r0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), r0);
+      if (nc > 1) r1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), r1);
+      if (nc > 2) r2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), r2);
+      if (nc > 3) r3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), r3);
+      if (nc > 4) r4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), r4);
+      if (nc > 5) r5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), r5);
+      if (nc > 6) r6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), r6);
+      if (nc > 7) r7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), r7);
+    }
+    const __m256 r[8] = {r0, r1, r2, r3, r4, r5, r6, r7};
+    for (int64_t j = 0; j < nc; ++j) _mm256_storeu_ps(out + c0 + 8 * j, _mm256_mul_ps(r[j], inv));
+  }
+}
+#else
+constexpr bool kVectorized = false;
+inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
+                 int64_t len, int64_t d, float scale, float* s, float* out) {
+  attend_scalar(q, keys, values, len, d, scale, s, out);
+}
+#endif
+
+// Dispatches on d: the AVX2 path needs d % 8 == 0.
+inline void attend(const float* q, const float* const* keys, const float* const* values,
+                   int64_t len, int64_t d, float scale, float* s, float* out) {
+  if (kVectorized && d % 8 == 0) {
+    attend_avx2(q, keys, values, len, d, scale, s, out);
+  } else {
+    attend_scalar(q, keys, values, len, d, scale, s, out);
+  }
+}
+
+// out[i] = silu(gate[i]) * up[i] over n values.
+inline void silu_mul_row(float* out, const float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 sig =
+        _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+// ---- linear on packed weights: y [M, C * n] = x [M, K] @ W, W as column tiles wt [C, K, n] ------
+// The layers pack W [N, K] as [N / 16, K, 16] (n = 16), so each 16-column tile is one contiguous
+// stream. Each tile is streamed once per 6 rows of x and reused from L2 for the next 6 rows;
+// accumulators stay in registers for the whole K loop (6 x 16 floats = 12 ymm registers), one
+// broadcast of x per row and k. Against MKL sgemm on the same shapes (docs/PERFORMANCE.md): about
+// 2x at 2-6 rows, 1.5x at 16, equal at prefill sizes (~95 GFLOP/s, the machine's peak).
+
+constexpr int64_t kRowBlock = 6;
+constexpr int64_t kTile = 16;
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Accumulators are named variables, not an array: GCC keeps an array's registers but also
+// stores them to the stack every iteration, which made the loop store-bound (3x slower).
+#define PYTGI_ROW(m)                                                        \
+  if constexpr (MB > m) {                                                   \
+    const __m256 xb = _mm256_broadcast_ss(x + m * xs + k);                  \
+    c##m##0 = _mm256_fmadd_ps(xb, w0, c##m##0);                             \
+    c##m##1 = _mm256_fmadd_ps(xb, w1, c##m##1);                             \
+  }
+#define PYTGI_STORE(m)                                                      \
+  if constexpr (MB > m) {                                                   \
+    _mm256_storeu_ps(y + m * ys, _mm256_add_ps(c##m##0, b0));               \
+    _mm256_storeu_ps(y + m * ys + 8, _mm256_add_ps(c##m##1, b1));           \
+  }
+
+// One row (GEMV): k unrolled by 4 with separate accumulators (8 independent FMA chains).
+inline void tile_1x16(const float* x, const float* w, int64_t wn, int64_t k_len, float* y,
+                      const float* bias) {
+  __m256 a[8];
+  for (auto& r : a) r = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 3 < k_len; k += 4) {
+    for (int u = 0; u < 4; ++u) {
+      const __m256 xb = _mm256_broadcast_ss(x + k + u);
+      a[2 * u] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + (k + u) * wn), a[2 * u]);
+      a[2 * u + 1] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + (k + u) * wn + 8), a[2 * u + 1]);
+    }
+  }
+  for (; k < k_len; ++k) {
+    const __m256 xb = _mm256_broadcast_ss(x + k);
+    a[0] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + k * wn), a[0]);
+    a[1] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + k * wn + 8), a[1]);
+  }
+  __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6]));
+  __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7]));
+  if (bias) {
+    lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias));
+    hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + 8));
+  }
+  _mm256_storeu_ps(y, lo);
+  _mm256_storeu_ps(y + 8, hi);
+}
+
+template <int MB>
+inline void tile_6x16(const float* x, int64_t xs, const float* w, int64_t wn, int64_t k_len,
+                      float* y, int64_t ys, const float* bias) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t k = 0; k < k_len; ++k) {
+    if constexpr (MB > 1) {  // one row streams fast enough unaided; more rows need the help
+      _mm_prefetch(reinterpret_cast<const char*>(w + (k + 16) * wn), _MM_HINT_T0);
+    }
+    const __m256 w0 = _mm256_loadu_ps(w + k * wn), w1 = _mm256_loadu_ps(w + k * wn + 8);
+    PYTGI_ROW(0) PYTGI_ROW(1) PYTGI_ROW(2) PYTGI_ROW(3) PYTGI_ROW(4) PYTGI_ROW(5)
+  }
+  const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();
+  const __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();
+  PYTGI_STORE(0) PYTGI_STORE(1) PYTGI_STORE(2) PYTGI_STORE(3) PYTGI_STORE(4) PYTGI_STORE(5)
+}
+#undef PYTGI_ROW
+#undef PYTGI_STORE
+
+inline void tile_rows(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
+               int64_t k_len, float* y, int64_t ys, const float* bias) {
+  switch (rows) {
+    case 6: return tile_6x16<6>(x, xs, w, wn, k_len, y, ys, bias);
+    case 5: return tile_6x16<5>(x, xs, w, wn, k_len, y, ys, bias);
+    case 4: return tile_6x16<4>(x, xs, w, wn, k_len, y, ys, bias);
+    case 3: return tile_6x16<3>(x, xs, w, wn, k_len, y, ys, bias);
+    case 2: return tile_6x16<2>(x, xs, w, wn, k_len, y, ys, bias);
+    default: return tile_1x16(x, w, wn, k_len, y, bias);
+  }
+}
+#endif
+
+// Columns [j0, j1) of one block for every row, without SIMD (tails and non-AVX2 builds).
+inline void columns_scalar(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
+                    int64_t k_len, int64_t j0, int64_t j1, float* y, int64_t ys,
+                    const float* bias) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t j = j0; j < j1; ++j) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < k_len; ++k) acc += x[m * xs + k] * w[k * wn + j];
+      y[m * ys + j] = acc + (bias ? bias[j] : 0.f);
+    }
+  }
+}
+
+// One 16-column tile for every row: y[m, 0:16] = x[m, :] @ w[:, 0:16] (+ bias) for m < rows,
+// w the tile's [k_len, wn] slab (wn >= 16). The tile streams once per 6 rows, then from L2.
+inline void packed_tile(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
+                        int64_t k_len, float* y, int64_t ys, const float* bias) {
+  for (int64_t m0 = 0; m0 < rows; m0 += kRowBlock) {
+    const int64_t mb = std::min(kRowBlock, rows - m0);
+#if defined(__AVX2__) && defined(__FMA__)
+    tile_rows(mb, x + m0 * xs, xs, w, wn, k_len, y + m0 * ys, ys, bias);
+#else
+    columns_scalar(mb, x + m0 * xs, xs, w, wn, k_len, 0, kTile, y + m0 * ys, ys, bias);
+#endif
+  }
+}
+
+}  // namespace pytgi
