@@ -1,0 +1,117 @@
+"""The fused CPU decode stack (backends/cpu/csrc/decode_stack.cpp through `DecoderStack`) against
+the same model run layer by layer, for every architecture: decode steps of 9 rows (more than one
+6-row register block) at different lengths, past Mistral's sliding window, with biases, q/k norms
+and Granite's multipliers in play. Parity with transformers itself is test_parity.py's job (its
+decode steps run fused too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fixtures.tiny_models import ARCHS
+from models.runner_utils import BlockAllocator, make_runner, prompt, scheduled, step
+
+from pytgi.backends.cpu.kernels import load_cpu_kernels
+
+LENGTHS = (1, 3, 9, 16, 17, 25, 31, 40, 47)  # mistral's window is 24
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def runner(request, tiny_model_factory):
+    assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
+    return make_runner(tiny_model_factory(request.param))
+
+
+def prefilled(runner) -> dict[str, tuple[list[int], list[int], int]]:
+    """Prompts of LENGTHS prefilled in one step plus one greedy token each:
+    request id -> (token ids, block ids, prompt length)."""
+    blocks = BlockAllocator()
+    seqs = {f"r{n}": (prompt(n, seed=n), blocks.take(n + 8), n) for n in LENGTHS}
+    logits = runner.forward(
+        step(*(scheduled(rid, ids, 0, n, table) for rid, (ids, table, n) in seqs.items()))
+    )
+    return {
+        rid: (ids + [int(row.argmax())], table, n)
+        for (rid, (ids, table, n)), row in zip(seqs.items(), logits, strict=True)
+    }
+
+
+def decode_step(seqs):
+    return step(
+        *(
+            scheduled(rid, ids, len(ids) - 1, len(ids), table, num_prompt=n)
+            for rid, (ids, table, n) in seqs.items()
+        )
+    )
+
+
+def fused_stack(runner):
+    return runner.model.model.layers._fused
+
+
+def test_fused_decode_matches_layer_by_layer(runner, monkeypatch):
+    torch.set_num_threads(2)
+    seqs = prefilled(runner)
+    for _ in range(3):  # the same step twice writes the same K/V to the same slots
+        monkeypatch.setenv("PYTGI_FUSED_DECODE", "0")
+        reference = runner.forward(decode_step(seqs))  # [9, V]
+        monkeypatch.delenv("PYTGI_FUSED_DECODE")
+        fused = runner.forward(decode_step(seqs))
+        assert fused_stack(runner), "the decode step did not run fused"
+        assert (fused - reference).abs().max().item() <= 1e-5
+        assert torch.equal(fused.argmax(-1), reference.argmax(-1))
+        seqs = {
+            rid: (ids + [int(row.argmax())], table, n)
+            for (rid, (ids, table, n)), row in zip(seqs.items(), fused, strict=True)
+        }
+
+
+def test_fused_decode_is_the_same_on_any_number_of_threads(runner):
+    seqs = prefilled(runner)
+    outputs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outputs.append(runner.forward(decode_step(seqs)))
+    torch.set_num_threads(1)
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def test_prefill_steps_stay_layer_by_layer(tiny_model_factory):
+    runner = make_runner(tiny_model_factory("llama"))
+    blocks = BlockAllocator()
+    ids = prompt(12, seed=1)
+    runner.forward(step(scheduled("a", ids, 0, 12, blocks.take(13))))
+    assert fused_stack(runner) is None  # built on the first decode-only step, not before
+
+
+def test_fused_stack_rejects_bad_metadata(runner):
+    seqs = prefilled(runner)
+    runner.forward(decode_step(seqs))
+    fused = fused_stack(runner)
+    layers = runner.model.model.layers
+    caches = [layer.self_attn.attn.kv_cache for layer in layers]
+    hidden_size = runner.model.model.embed_tokens.weight.shape[1]
+    rotary_dim = layers[0].self_attn.head_dim
+    args = dict(
+        hidden=torch.zeros(1, hidden_size),
+        cos=torch.ones(1, rotary_dim),
+        sin=torch.zeros(1, rotary_dim),
+        slots=torch.tensor([0]),
+        block_tables=torch.tensor([[0]]),
+        seq_lens=torch.tensor([1]),
+        block_size=16,
+        k_caches=[k for k, _ in caches],
+        v_caches=[v for _, v in caches],
+    )
+    num_slots = caches[0][0].shape[1]
+    for bad, message in (
+        ({"slots": torch.tensor([num_slots])}, "bad slot"),
+        ({"block_tables": torch.tensor([[num_slots]])}, "block id out of range"),
+        ({"seq_lens": torch.tensor([17])}, "bad sequence length"),
+        ({"k_caches": args["k_caches"][:-1]}, "one K and one V cache per layer"),
+        ({"hidden": torch.zeros(1, hidden_size + 1)}, "hidden must be"),
+    ):
+        with pytest.raises(RuntimeError, match=message):
+            fused.forward(**(args | bad))
+    hidden, residual = fused.forward(**args)  # the valid call runs
+    assert hidden.shape == residual.shape == (1, hidden_size)
