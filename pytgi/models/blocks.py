@@ -4,7 +4,7 @@ multiplier (Granite), per-layer sliding window (Mistral, Qwen2).
 
 `DecoderStack` runs the layers in order, or, for a step of decode rows only on CPU fp32 with the
 compiled kernels, all of them in one call of the fused decode kernel
-(backends/cpu/csrc/decode_stack.cpp): the same floats as the layers' own kernels, without ~10
+(backends/cpu/csrc/decode_stack.cpp): the arithmetic of the layers' own kernels, without ~10
 Python calls and parallel regions per layer. Each block hands the kernel its tensors
 (`fused_decode_tensors`) or None when it cannot run there (quantized or tensor-parallel weights,
 an activation other than SiLU), and the stack then stays on the layer-by-layer path.

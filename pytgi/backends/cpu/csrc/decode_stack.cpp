@@ -12,8 +12,8 @@
 // the same program: it claims the phase's tasks from an atomic counter, then waits until all of
 // them are done, then goes on to the next phase. Nothing is assigned in advance, so a thread that
 // wakes late or is descheduled only leaves its unclaimed tiles to the others (who then wait only
-// for tasks already in progress), and the results do not depend on which thread ran what: every
-// task computes exactly what the op-by-op kernels compute (common.h), bit for bit.
+// for tasks already in progress). Every task runs the op-by-op kernels' own helpers (common.h),
+// so the results do not depend on which thread ran what, nor on the number of threads.
 #include "common.h"
 
 #include <ATen/Parallel.h>
