@@ -99,10 +99,49 @@ inline __m256 exp_ps(__m256 x) {
 
 // d % 8 == 0. Scores with two FMA chains and one horizontal sum per key; the weighted sum of
 // values in chunks of 64 features held in 8 registers (the values are re-read per chunk from L1).
+// [sum(a0), ..., sum(a7)]: eight horizontal sums in one vector (6 hadds and 2 lane permutes
+// instead of 8 separate reductions).
+inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                    __m256 a7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  // u0 = [a0..a3 summed over their low 128-bit lane | the same over the high lane], u1 for a4..a7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// s[i] = q . keys[i] * scale for 8 keys at once (d % 8 == 0): 8 independent FMA chains, one
+// shared load of q per 8 features. Returns the max of the 8 scores.
+inline float scores8_avx2(const float* q, const float* const* keys, int64_t d, float scale,
+                          float* s) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const float *k0 = keys[0], *k1 = keys[1], *k2 = keys[2], *k3 = keys[3], *k4 = keys[4],
+              *k5 = keys[5], *k6 = keys[6], *k7 = keys[7];
+  for (int64_t c = 0; c < d; c += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + c);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k4 + c), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k5 + c), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k6 + c), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k7 + c), a7);
+  }
+  const __m256 v = _mm256_mul_ps(hsum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
+  _mm256_storeu_ps(s, v);
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
                  int64_t len, int64_t d, float scale, float* s, float* out) {
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < len; ++i) {
+  int64_t first_single = 0;
+  for (; first_single + 8 <= len; first_single += 8) {
+    m = std::max(m, scores8_avx2(q, keys + first_single, d, scale, s + first_single));
+  }
+  for (int64_t i = first_single; i < len; ++i) {
     const float* k = keys[i];
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t c = 0;
@@ -151,6 +190,24 @@ inline void attend_avx2(const float* q, const float* const* keys, const float* c
   attend_scalar(q, keys, values, len, d, scale, s, out);
 }
 #endif
+
+// The K and V rows of positions [first, first + len) of one KV head, wherever their blocks are:
+// position p lives in slot table[p / block_size] * block_size + p % block_size of the head's
+// [num_slots, d] rows (k_head, v_head). One division per block, not per position.
+inline void paged_rows(const int64_t* table, int64_t block_size, int64_t first, int64_t len,
+                       const float* k_head, const float* v_head, int64_t d, const float** keys,
+                       const float** values) {
+  for (int64_t i = 0, p = first; i < len;) {
+    const int64_t offset = p % block_size, n = std::min(block_size - offset, len - i);
+    const int64_t row = table[p / block_size] * block_size + offset;
+    for (int64_t j = 0; j < n; ++j) {
+      keys[i + j] = k_head + (row + j) * d;
+      values[i + j] = v_head + (row + j) * d;
+    }
+    i += n;
+    p += n;
+  }
+}
 
 // Dispatches on d: the AVX2 path needs d % 8 == 0.
 inline void attend(const float* q, const float* const* keys, const float* const* values,

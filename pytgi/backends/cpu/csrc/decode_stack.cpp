@@ -349,12 +349,8 @@ class DecodeStack {
     keys.resize(len);
     values.resize(len);
     scores.resize(len);
-    for (int64_t i = 0; i < len; ++i) {
-      const int64_t p = first + i;
-      const int64_t slot = table[p / s.block_size] * s.block_size + p % s.block_size;
-      keys[i] = k_cache + (h * s.num_slots + slot) * d;
-      values[i] = v_cache + (h * s.num_slots + slot) * d;
-    }
+    paged_rows(table, s.block_size, first, len, k_cache + h * s.num_slots * d,
+               v_cache + h * s.num_slots * d, d, keys.data(), values.data());
     for (int64_t g = 0; g < group; ++g) {
       const int64_t head = h * group + g;
       attend(qkv_row + head * d, keys.data(), values.data(), len, d, scale_, scores.data(),

@@ -156,11 +156,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
       const int64_t* table = tables + b * width;
       keys.resize(len);
       values.resize(len);
-      for (int64_t i = 0; i < len; ++i) {  // the rows of positions lo.., wherever their block is
-        const int64_t slot = table[(lo + i) / block_size] * block_size + (lo + i) % block_size;
-        keys[i] = kc + (h * num_slots + slot) * d;
-        values[i] = vc + (h * num_slots + slot) * d;
-      }
+      paged_rows(table, block_size, lo, len, kc + h * num_slots * d, vc + h * num_slots * d, d,
+                 keys.data(), values.data());
       scores.resize(len);
       for (int64_t g = 0; g < group; ++g) {  // each query head of the group, keys from L2
         const float* query = qp + b * qsr + (h * group + g) * qsh;
