@@ -182,7 +182,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.ModuleList):
-    """The decoder layers (parameter names `layers.{i}`), run in order."""
+    """The decoder layers (parameter names `layers.{i}`). A decode-only step on CPU runs them all
+    through the compiled `DecodeStack` (built on first use over the layers' packed weights; the
+    KV caches go in per call because the ModelRunner may reallocate them); any other step, or a
+    model the kernel cannot run, goes layer by layer."""
 
     def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None, prefix: str):
         super().__init__(
