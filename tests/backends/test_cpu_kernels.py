@@ -1,6 +1,7 @@
 """The compiled CPU kernels (pytgi/backends/cpu/csrc/ops.cpp) against torch references: paged
-decode attention read in place (GQA, sliding windows, scattered blocks, strided queries), the KV
-store, and their refusal of out-of-range metadata (an error, never a crash)."""
+decode attention read in place (GQA, sliding windows, scattered blocks, strided queries), the
+flash-style prefill attention of a fresh prompt, the KV store, and their refusal of out-of-range
+metadata or shapes (an error, never a crash)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,50 @@ def test_decode_attention_matches_sdpa(ops, heads, kv_heads, window):
             enable_gqa=True,
         ).squeeze(1)
         torch.testing.assert_close(out[b], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens,heads,kv_heads,d,window",
+    [
+        (1, 4, 2, 16, 0),
+        (47, 4, 2, 16, 0),  # one query block, partial
+        (48, 9, 3, 64, 0),  # exactly one query block
+        (130, 9, 3, 64, 0),  # three query blocks, three key blocks, ragged ends
+        (130, 4, 2, 32, 24),  # a window smaller than a key block
+        (200, 4, 4, 16, 70),  # a window spanning blocks, no GQA
+        (300, 2, 1, 16, 300),  # a window as long as the prompt
+    ],
+)
+def test_prefill_attention_matches_sdpa(ops, tokens, heads, kv_heads, d, window):
+    g = torch.Generator().manual_seed(tokens + heads)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, d, generator=g)  # strided views, as the model
+    q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+    pos = torch.arange(tokens)
+    mask = pos[None, :] <= pos[:, None]  # [q, k]
+    if window:
+        mask &= pos[:, None] - pos[None, :] < window
+    expected = F.scaled_dot_product_attention(
+        *(x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)),
+        attn_mask=mask,
+        scale=d**-0.5,
+        enable_gqa=True,
+    )[0].transpose(0, 1)  # [T, H, D]
+    out = ops.prefill_attention(q, k, v, d**-0.5, window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_refuses_bad_shapes(ops):
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.prefill_attention(
+            torch.randn(5, 4, 8), torch.randn(5, 2, 8), torch.randn(5, 2, 8), 1.0, 0
+        )
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        ops.prefill_attention(torch.randn(5, 3, 16), k, k, 1.0, 0)
+    with pytest.raises(RuntimeError, match=r"q \[T, H, D\]"):
+        ops.prefill_attention(q, torch.randn(6, 2, 16), torch.randn(6, 2, 16), 1.0, 0)
+    with pytest.raises(RuntimeError, match="window"):
+        ops.prefill_attention(q, k, k, 1.0, -1)
 
 
 def test_store_kv_matches_index_copy(ops):

@@ -17,7 +17,9 @@ gather indices per (block table, kv heads, cache size), so once per step, shared
 - decode rows (1 query token): one batched SDPA over K/V gathered from a padded [B, nb] block
   table (the row's key j is position first_block * block_size + j), with a length / window mask
   only when the rows' visible key ranges differ;
-- fresh prompts (nothing cached): SDPA over this step's own K/V with is_causal (no cache read);
+- fresh prompts (nothing cached): this step's own K/V (no cache read), through the compiled
+  flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
+  is_causal (or the window mask);
 - other prefill rows (chunked prefill, prefix-cache hits): whole blocks gathered from the cache,
   sliced to the visible keys, and an explicit bottom-right causal (and window) mask [q, kv].
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
@@ -204,7 +206,10 @@ class CpuAttentionBackend(AttentionBackend):
                 )
             else:
                 outs.append(_decode(q[:num_decode], kv_cache, metadata, rows, bs, scale))
-        outs.extend(_prefill(q, k, v, kv_cache, metadata, row, bs, scale) for row in view.prefills)
+        outs.extend(
+            _prefill(q, k, v, kv_cache, metadata, row, bs, scale, ops, sliding_window)
+            for row in view.prefills
+        )
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
@@ -244,7 +249,14 @@ def _decode(q, kv_cache, metadata, rows: DecodeRows, block_size, scale) -> torch
     return out.squeeze(2)  # [B, H, D]
 
 
-def _prefill(q, k, v, kv_cache, metadata, row: PrefillRow, block_size, scale) -> torch.Tensor:
+def _prefill(
+    q, k, v, kv_cache, metadata, row: PrefillRow, block_size, scale, ops, window
+) -> torch.Tensor:
+    rows = slice(row.start, row.end)
+    if row.blocks is None and ops is not None and q.shape[-1] % 16 == 0:
+        # a fresh prompt attends its own keys only: the compiled flash-style kernel, which skips
+        # the blocks above the diagonal (1.2-1.7x SDPA's fp32 CPU kernel, docs/PERFORMANCE.md)
+        return ops.prefill_attention(q[rows], k[rows], v[rows], scale, window or 0)  # [q, H, D]
     if row.blocks is None:
         keys = _fp32(k[row.start : row.end]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
         values = _fp32(v[row.start : row.end]).transpose(0, 1).unsqueeze(0)

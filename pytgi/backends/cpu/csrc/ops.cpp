@@ -11,6 +11,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -223,6 +224,174 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& wt,
   return y;
 }
 
+// ---- prefill attention of a fresh prompt: causal (optionally windowed), GQA, flash-style ------
+// q [T, H, D], k / v [T, KVH, D] (any row/head strides, last dimension contiguous) -> [T, H, D]:
+// query t attends keys s with t - window < s <= t (window 0: all s <= t). Each task is one query
+// head and a block of kQueryBlock queries; it walks the key blocks up to its last query, with
+// S = Q K^T and O += P V both on the packed-GEMM register tiles (K^T transposed into a tile
+// buffer per key block; V read in place, its row stride as the tile stride) and an online
+// softmax in between, so no [T, T] matrix is ever formed and the masked-out blocks above the
+// diagonal are never computed.
+namespace {
+
+constexpr int64_t kQueryBlock = 48;  // 8 register row-blocks of 6
+constexpr int64_t kKeyBlock = 64;    // 4 column tiles of 16
+
+struct FlashScratch {
+  std::vector<float> scores, pv, out, max, sum;
+  FlashScratch(int64_t d)
+      : scores(kQueryBlock * kKeyBlock), pv(kQueryBlock * d), out(kQueryBlock * d),
+        max(kQueryBlock), sum(kQueryBlock) {}
+};
+
+// K of one KV head as key-block tiles [ceil(T / 64), d, 64] (K^T per block, zero past T): the
+// S = Q K^T tiles of every query block and every query head of the group read these.
+void transpose_key_blocks(const float* k, int64_t ks, int64_t tokens, int64_t d, float* kt) {
+  for (int64_t k0 = 0; k0 < tokens; k0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, tokens - k0);
+    float* block = kt + (k0 / kKeyBlock) * d * kKeyBlock;
+    std::fill(block, block + d * kKeyBlock, 0.f);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float* row = k + (k0 + j) * ks;
+      for (int64_t c = 0; c < d; ++c) block[c * kKeyBlock + j] = row[c];
+    }
+  }
+}
+
+// y [rows, cols] = x [rows, k_len] (row stride xs) @ w [k_len, cols] (row stride wn), cols % 16 == 0.
+void tiles_gemm(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
+                int64_t k_len, int64_t cols, float* y) {
+  for (int64_t j = 0; j < cols; j += kTile) {
+    packed_tile(rows, x, xs, w + j, wn, k_len, y + j, cols, nullptr);
+  }
+}
+
+// One row's online-softmax update with this key block's raw scores s[0, n) (q . k, -inf where
+// masked; scale > 0): returns the factor the row's running output must be multiplied by; s
+// becomes the probabilities exp(s * scale - new max), max and sum are in scaled units.
+float softmax_update(float* s, int64_t n, float scale, float& max, float& sum) {
+  float block_max = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 mv8 = _mm256_set1_ps(block_max);
+  for (; i + 8 <= n; i += 8) mv8 = _mm256_max_ps(mv8, _mm256_loadu_ps(s + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv8), _mm256_extractf128_ps(mv8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  block_max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#endif
+  for (; i < n; ++i) block_max = std::max(block_max, s[i]);
+  block_max *= scale;
+  if (block_max == -std::numeric_limits<float>::infinity()) {  // nothing visible here
+    std::fill(s, s + n, 0.f);
+    return 1.f;
+  }
+  const float new_max = std::max(max, block_max);
+  const float correction = max == -std::numeric_limits<float>::infinity()
+                               ? 0.f
+                               : std::exp(max - new_max);
+  float total = 0.f;
+  i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 mv = _mm256_set1_ps(new_max), sv = _mm256_set1_ps(scale);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {  // exp(-inf) is 0 (exp_ps clamps its input)
+    const __m256 e = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + i), sv, mv));
+    _mm256_storeu_ps(s + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  total = hsum(acc);
+#endif
+  for (; i < n; ++i) total += (s[i] = std::exp(s[i] * scale - new_max));
+  sum = sum * correction + total;
+  max = new_max;
+  return correction;
+}
+
+void flash_task(const float* q, int64_t qs, const float* kt, const float* v, int64_t vs,
+                float* out, int64_t os, int64_t q0, int64_t nq, int64_t d, float scale,
+                int64_t window, FlashScratch& w) {
+  std::fill(w.out.begin(), w.out.end(), 0.f);
+  std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<float>::infinity());
+  std::fill(w.sum.begin(), w.sum.end(), 0.f);
+  const int64_t last = q0 + nq - 1;  // the block's last query position, its last key
+  const int64_t first = window > 0 ? std::max<int64_t>(0, q0 - window + 1) : 0;
+  for (int64_t k0 = first - first % kKeyBlock; k0 <= last; k0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, last + 1 - k0);
+    tiles_gemm(nq, q + q0 * qs, qs, kt + (k0 / kKeyBlock) * d * kKeyBlock, kKeyBlock, d,
+               kKeyBlock, w.scores.data());
+    // every key of the block visible to every query of the block: no mask to apply
+    const bool all_visible = k0 + kKeyBlock - 1 <= q0 && (window == 0 || k0 > last - window);
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t t = q0 + r, lo = window > 0 ? t - window + 1 : 0;
+      float* s = w.scores.data() + r * kKeyBlock;
+      if (!all_visible) {
+        for (int64_t j = 0; j < kKeyBlock; ++j) {
+          const int64_t pos = k0 + j;
+          if (pos > t || pos < lo || j >= nk) s[j] = -std::numeric_limits<float>::infinity();
+        }
+      }
+      const float correction = softmax_update(s, kKeyBlock, scale, w.max[r], w.sum[r]);
+      if (correction != 1.f) {
+        float* o = w.out.data() + r * d;
+        for (int64_t c = 0; c < d; ++c) o[c] *= correction;
+      }
+    }
+    tiles_gemm(nq, w.scores.data(), kKeyBlock, v + k0 * vs, vs, nk, d, w.pv.data());
+    for (int64_t i = 0; i < nq * d; ++i) w.out[i] += w.pv[i];
+  }
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = 1.f / w.sum[r];
+    const float* o = w.out.data() + r * d;
+    float* y = out + (q0 + r) * os;
+    for (int64_t c = 0; c < d; ++c) y[c] = o[c] * inv;
+  }
+}
+
+}  // namespace
+
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, int64_t window) {
+  check_f32(q, "q");
+  check_f32(k, "k");
+  check_f32(v, "v");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                  q.size(2) == k.size(2),
+              "q [T, H, D], k and v [T, KVH, D] expected");
+  const int64_t tokens = q.size(0), heads = q.size(1), kvh = k.size(1), d = q.size(2);
+  TORCH_CHECK(kvh > 0 && heads % kvh == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(d % kTile == 0, "head_dim must be a multiple of 16");
+  TORCH_CHECK(window >= 0, "window must be >= 0");
+  auto out = at::empty({tokens, heads, d}, q.options());
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = heads / kvh, blocks = (tokens + kQueryBlock - 1) / kQueryBlock;
+  const float sc = static_cast<float>(scale);
+  const int64_t key_blocks = (tokens + kKeyBlock - 1) / kKeyBlock;
+  auto kt = at::empty({kvh, key_blocks, d, kKeyBlock}, q.options());  // K^T tiles per KV head
+  float* ktp = kt.data_ptr<float>();
+  at::parallel_for(0, kvh, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h) {
+      transpose_key_blocks(kp + h * k.stride(1), k.stride(0), tokens, d,
+                           ktp + h * key_blocks * d * kKeyBlock);
+    }
+  });
+  // Tasks are claimed one at a time, the largest blocks (most keys) first, so the threads end
+  // together: a static split of the range would hand one thread all the long rows.
+  std::atomic<int64_t> next_task{0};
+  const int64_t num_tasks = heads * blocks;
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    FlashScratch scratch(d);
+    for (int64_t task = next_task++; task < num_tasks; task = next_task++) {
+      const int64_t h = task % heads, block = blocks - 1 - task / heads;
+      const int64_t q0 = block * kQueryBlock, nq = std::min(kQueryBlock, tokens - q0);
+      flash_task(qp + h * q.stride(1), q.stride(0), ktp + (h / group) * key_blocks * d * kKeyBlock,
+                 vp + (h / group) * v.stride(1), v.stride(0), op + h * d, heads * d, q0, nq, d,
+                 sc, window, scratch);
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (fp32)");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; RMSNorm(residual) (fp32)");
@@ -232,5 +401,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] row (fp32)");
   m.def("linear_packed", &linear_packed, "x @ W with W packed as column tiles [C, K, n] (fp32)",
         pybind11::arg("x"), pybind11::arg("wt"), pybind11::arg("bias") = pybind11::none());
+  m.def("prefill_attention", &prefill_attention,
+        "causal (windowed) GQA attention of a fresh prompt, flash-style (fp32)");
   register_decode_stack(m);
 }
