@@ -91,6 +91,42 @@ def test_prefill_attention_matches_sdpa(ops, tokens, heads, kv_heads, d, window)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "start,num_queries,window",
+    [(16, 20, 0), (40, 1, 0), (70, 60, 0), (100, 30, 24), (5, 130, 50), (64, 64, 0)],
+)
+def test_prefill_attention_paged_matches_sdpa(ops, start, num_queries, window):
+    """A later chunk or a prefix hit: queries at positions start.., all keys in scattered blocks."""
+    g = torch.Generator().manual_seed(start + num_queries)
+    heads, kv_heads, d, bs, end = 6, 2, 32, 16, start + num_queries
+    keys, values = (torch.randn(end, kv_heads, d, generator=g) for _ in range(2))
+    k_cache, tables = paged([keys], 24, bs, seed=2)
+    v_cache, _ = paged([values], 24, bs, seed=2)
+    q = torch.randn(num_queries, heads + 2 * kv_heads, d, generator=g)[:, :heads]
+    query_pos, key_pos = torch.arange(start, end)[:, None], torch.arange(end)[None, :]
+    mask = key_pos <= query_pos  # [q, end]
+    if window:
+        mask &= query_pos - key_pos < window
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        scale=d**-0.5,
+        enable_gqa=True,
+    )[0].transpose(0, 1)
+    out = ops.prefill_attention_paged(q, k_cache, v_cache, tables[0], start, bs, d**-0.5, window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_paged_refuses_bad_tables(ops):
+    q, cache = torch.randn(4, 2, 16), torch.randn(1, 64, 16)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        ops.prefill_attention_paged(q, cache, cache, torch.tensor([0, 9]), 10, 8, 1.0, 0)
+    with pytest.raises(RuntimeError, match="does not cover"):
+        ops.prefill_attention_paged(q, cache, cache, torch.tensor([0]), 10, 8, 1.0, 0)
+
+
 def test_prefill_attention_refuses_bad_shapes(ops):
     q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
     with pytest.raises(RuntimeError, match="multiple of 16"):

@@ -19,9 +19,11 @@ gather indices per (block table, kv heads, cache size), so once per step, shared
   only when the rows' visible key ranges differ;
 - fresh prompts (nothing cached): this step's own K/V (no cache read), through the compiled
   flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
-  is_causal (or the window mask);
-- other prefill rows (chunked prefill, prefix-cache hits): whole blocks gathered from the cache,
-  sliced to the visible keys, and an explicit bottom-right causal (and window) mask [q, kv].
+  is_causal (or the window mask); with the kernel, other prefill rows use its paged twin
+  `prefill_attention_paged`, which reads the cached blocks in place;
+- other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
+  gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
+  window) mask [q, kv] for SDPA.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
 """
 
@@ -58,6 +60,8 @@ class PrefillRow:
     offset: int  # the keys are [offset, offset + length) of the gathered nb * block_size
     length: int
     mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
+    position: int = 0  # the position of the row's first query
+    block_table: torch.Tensor | None = None  # [W] int64, the row's whole table (cached keys)
 
 
 @dataclass
@@ -158,9 +162,14 @@ class CpuAttentionMetadata:
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask))
                 continue
             first_block = first // bs
-            blocks = torch.tensor([b.block_tables[i][first_block : -(-end_pos // bs)]])  # [1, nb]
+            table = torch.tensor(b.block_tables[i][: -(-end_pos // bs)])  # [W]
+            blocks = table[first_block:].unsqueeze(0)  # [1, nb]
             offset = first - first_block * bs
-            rows.append(PrefillRow(start, start + num_q, blocks, offset, end_pos - first, mask))
+            rows.append(
+                PrefillRow(
+                    start, start + num_q, blocks, offset, end_pos - first, mask, start_pos, table
+                )
+            )
         return rows
 
 
@@ -253,10 +262,16 @@ def _prefill(
     q, k, v, kv_cache, metadata, row: PrefillRow, block_size, scale, ops, window
 ) -> torch.Tensor:
     rows = slice(row.start, row.end)
-    if row.blocks is None and ops is not None and q.shape[-1] % 16 == 0:
-        # a fresh prompt attends its own keys only: the compiled flash-style kernel, which skips
-        # the blocks above the diagonal (1.2-1.7x SDPA's fp32 CPU kernel, docs/PERFORMANCE.md)
-        return ops.prefill_attention(q[rows], k[rows], v[rows], scale, window or 0)  # [q, H, D]
+    if ops is not None and q.shape[-1] % 16 == 0:
+        # the compiled flash-style kernel, which skips the blocks above the diagonal (1.2-1.7x
+        # SDPA's fp32 CPU kernel, docs/PERFORMANCE.md): a fresh prompt reads its own K/V, a
+        # later chunk or a prefix hit the paged cache (this step's K/V are stored already)
+        if row.blocks is None:
+            return ops.prefill_attention(q[rows], k[rows], v[rows], scale, window or 0)
+        k_cache, v_cache = kv_cache
+        return ops.prefill_attention_paged(
+            q[rows], k_cache, v_cache, row.block_table, row.position, block_size, scale, window or 0
+        )  # [q, H, D]
     if row.blocks is None:
         keys = _fp32(k[row.start : row.end]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
         values = _fp32(v[row.start : row.end]).transpose(0, 1).unsqueeze(0)

@@ -224,14 +224,14 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& wt,
   return y;
 }
 
-// ---- prefill attention of a fresh prompt: causal (optionally windowed), GQA, flash-style ------
-// q [T, H, D], k / v [T, KVH, D] (any row/head strides, last dimension contiguous) -> [T, H, D]:
-// query t attends keys s with t - window < s <= t (window 0: all s <= t). Each task is one query
-// head and a block of kQueryBlock queries; it walks the key blocks up to its last query, with
-// S = Q K^T and O += P V both on the packed-GEMM register tiles (K^T transposed into a tile
-// buffer per key block; V read in place, its row stride as the tile stride) and an online
-// softmax in between, so no [T, T] matrix is ever formed and the masked-out blocks above the
-// diagonal are never computed.
+// ---- prefill attention: causal (optionally windowed), GQA, flash-style -------------------------
+// Queries at positions start.. attend keys s with t - window < s <= t (window 0: all s <= t),
+// taken from this step's K/V (a fresh prompt) or from the paged cache (a later chunk, a prefix
+// hit: the step's own K/V are already stored there). Per KV head the visible keys are first
+// gathered once: K^T as 64-key tiles [d, 64], V as contiguous rows. Each task is then one query
+// head and a block of kQueryBlock queries walking the key blocks up to its last query: S = Q K^T
+// and O += P V on the packed-GEMM register tiles with an online softmax in between, so no
+// [queries, keys] matrix is formed and nothing above the diagonal is computed.
 namespace {
 
 constexpr int64_t kQueryBlock = 48;  // 8 register row-blocks of 6
@@ -244,21 +244,8 @@ struct FlashScratch {
         max(kQueryBlock), sum(kQueryBlock) {}
 };
 
-// K of one KV head as key-block tiles [ceil(T / 64), d, 64] (K^T per block, zero past T): the
-// S = Q K^T tiles of every query block and every query head of the group read these.
-void transpose_key_blocks(const float* k, int64_t ks, int64_t tokens, int64_t d, float* kt) {
-  for (int64_t k0 = 0; k0 < tokens; k0 += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, tokens - k0);
-    float* block = kt + (k0 / kKeyBlock) * d * kKeyBlock;
-    std::fill(block, block + d * kKeyBlock, 0.f);
-    for (int64_t j = 0; j < nk; ++j) {
-      const float* row = k + (k0 + j) * ks;
-      for (int64_t c = 0; c < d; ++c) block[c * kKeyBlock + j] = row[c];
-    }
-  }
-}
-
-// y [rows, cols] = x [rows, k_len] (row stride xs) @ w [k_len, cols] (row stride wn), cols % 16 == 0.
+// y [rows, cols] = x [rows, k_len] (row stride xs) @ w [k_len, cols] (row stride wn);
+// cols % 16 == 0.
 void tiles_gemm(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
                 int64_t k_len, int64_t cols, float* y) {
   for (int64_t j = 0; j < cols; j += kTile) {
@@ -307,22 +294,42 @@ float softmax_update(float* s, int64_t n, float scale, float& max, float& sum) {
   return correction;
 }
 
-void flash_task(const float* q, int64_t qs, const float* kt, const float* v, int64_t vs,
-                float* out, int64_t os, int64_t q0, int64_t nq, int64_t d, float scale,
-                int64_t window, FlashScratch& w) {
+// The keys [key_base, key_end) of one KV head, from row(p) -> its d floats: K^T tiles
+// [blocks, d, 64] (zero past key_end) and V rows [key_end - key_base, d].
+template <class KRow, class VRow>
+void gather_head_keys(const KRow& k_row, const VRow& v_row, int64_t key_base, int64_t key_end,
+                      int64_t d, float* kt, float* v) {
+  for (int64_t k0 = key_base; k0 < key_end; k0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, key_end - k0);
+    float* block = kt + (k0 - key_base) / kKeyBlock * d * kKeyBlock;
+    std::fill(block, block + d * kKeyBlock, 0.f);
+    for (int64_t j = 0; j < nk; ++j) {
+      const float* row = k_row(k0 + j);
+      for (int64_t c = 0; c < d; ++c) block[c * kKeyBlock + j] = row[c];
+      std::copy_n(v_row(k0 + j), d, v + (k0 + j - key_base) * d);
+    }
+  }
+}
+
+// Queries q0 .. q0 + nq of one head (rows of q, stride qs; at positions start + q0 ..) against
+// the keys from key_base (kt tiles, v rows of d) -> out rows (stride os).
+void flash_task(const float* q, int64_t qs, const float* kt, const float* v, float* out,
+                int64_t os, int64_t start, int64_t q0, int64_t nq, int64_t key_base, int64_t d,
+                float scale, int64_t window, FlashScratch& w) {
   std::fill(w.out.begin(), w.out.end(), 0.f);
   std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<float>::infinity());
   std::fill(w.sum.begin(), w.sum.end(), 0.f);
-  const int64_t last = q0 + nq - 1;  // the block's last query position, its last key
-  const int64_t first = window > 0 ? std::max<int64_t>(0, q0 - window + 1) : 0;
-  for (int64_t k0 = first - first % kKeyBlock; k0 <= last; k0 += kKeyBlock) {
+  const int64_t first_pos = start + q0, last = first_pos + nq - 1;  // last query = last key
+  const int64_t first = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  for (int64_t k0 = std::max(key_base, first - first % kKeyBlock); k0 <= last; k0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, last + 1 - k0);
-    tiles_gemm(nq, q + q0 * qs, qs, kt + (k0 / kKeyBlock) * d * kKeyBlock, kKeyBlock, d,
-               kKeyBlock, w.scores.data());
+    tiles_gemm(nq, q + q0 * qs, qs, kt + (k0 - key_base) / kKeyBlock * d * kKeyBlock, kKeyBlock,
+               d, kKeyBlock, w.scores.data());
     // every key of the block visible to every query of the block: no mask to apply
-    const bool all_visible = k0 + kKeyBlock - 1 <= q0 && (window == 0 || k0 > last - window);
+    const bool all_visible =
+        k0 + kKeyBlock - 1 <= first_pos && (window == 0 || k0 > last - window);
     for (int64_t r = 0; r < nq; ++r) {
-      const int64_t t = q0 + r, lo = window > 0 ? t - window + 1 : 0;
+      const int64_t t = first_pos + r, lo = window > 0 ? t - window + 1 : 0;
       float* s = w.scores.data() + r * kKeyBlock;
       if (!all_visible) {
         for (int64_t j = 0; j < kKeyBlock; ++j) {
@@ -336,7 +343,7 @@ void flash_task(const float* q, int64_t qs, const float* kt, const float* v, int
         for (int64_t c = 0; c < d; ++c) o[c] *= correction;
       }
     }
-    tiles_gemm(nq, w.scores.data(), kKeyBlock, v + k0 * vs, vs, nk, d, w.pv.data());
+    tiles_gemm(nq, w.scores.data(), kKeyBlock, v + (k0 - key_base) * d, d, nk, d, w.pv.data());
     for (int64_t i = 0; i < nq * d; ++i) w.out[i] += w.pv[i];
   }
   for (int64_t r = 0; r < nq; ++r) {
@@ -347,34 +354,34 @@ void flash_task(const float* q, int64_t qs, const float* kt, const float* v, int
   }
 }
 
-}  // namespace
-
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             double scale, int64_t window) {
-  check_f32(q, "q");
-  check_f32(k, "k");
-  check_f32(v, "v");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
-                  q.size(2) == k.size(2),
-              "q [T, H, D], k and v [T, KVH, D] expected");
-  const int64_t tokens = q.size(0), heads = q.size(1), kvh = k.size(1), d = q.size(2);
+// q [n, H, D] at positions start..start + n - 1 -> [n, H, D]; k_row(h, p) / v_row(h, p) give
+// KV head h's key / value at position p (every p < start + n the queries may see).
+template <class KRow, class VRow>
+at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, double scale,
+                           int64_t window, const KRow& k_row, const VRow& v_row) {
+  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   TORCH_CHECK(kvh > 0 && heads % kvh == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(d % kTile == 0, "head_dim must be a multiple of 16");
-  TORCH_CHECK(window >= 0, "window must be >= 0");
-  auto out = at::empty({tokens, heads, d}, q.options());
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t group = heads / kvh, blocks = (tokens + kQueryBlock - 1) / kQueryBlock;
-  const float sc = static_cast<float>(scale);
-  const int64_t key_blocks = (tokens + kKeyBlock - 1) / kKeyBlock;
-  auto kt = at::empty({kvh, key_blocks, d, kKeyBlock}, q.options());  // K^T tiles per KV head
-  float* ktp = kt.data_ptr<float>();
+  TORCH_CHECK(window >= 0 && start >= 0, "window and start must be >= 0");
+  auto out = at::empty({n, heads, d}, q.options());
+  if (n == 0) return out;
+  const int64_t first_needed = window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
+  const int64_t key_base = first_needed - first_needed % kKeyBlock, key_end = start + n;
+  const int64_t key_blocks = (key_end - key_base + kKeyBlock - 1) / kKeyBlock;
+  auto kt = at::empty({kvh, key_blocks, d, kKeyBlock}, q.options());
+  auto vc = at::empty({kvh, key_end - key_base, d}, q.options());
+  float *ktp = kt.data_ptr<float>(), *vcp = vc.data_ptr<float>();
   at::parallel_for(0, kvh, 1, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {
-      transpose_key_blocks(kp + h * k.stride(1), k.stride(0), tokens, d,
-                           ktp + h * key_blocks * d * kKeyBlock);
+      gather_head_keys([&](int64_t p) { return k_row(h, p); },
+                       [&](int64_t p) { return v_row(h, p); }, key_base, key_end, d,
+                       ktp + h * key_blocks * d * kKeyBlock, vcp + h * (key_end - key_base) * d);
     }
   });
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = heads / kvh, blocks = (n + kQueryBlock - 1) / kQueryBlock;
+  const float sc = static_cast<float>(scale);
   // Tasks are claimed one at a time, the largest blocks (most keys) first, so the threads end
   // together: a static split of the range would hand one thread all the long rows.
   std::atomic<int64_t> next_task{0};
@@ -383,13 +390,64 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
     FlashScratch scratch(d);
     for (int64_t task = next_task++; task < num_tasks; task = next_task++) {
       const int64_t h = task % heads, block = blocks - 1 - task / heads;
-      const int64_t q0 = block * kQueryBlock, nq = std::min(kQueryBlock, tokens - q0);
+      const int64_t q0 = block * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
       flash_task(qp + h * q.stride(1), q.stride(0), ktp + (h / group) * key_blocks * d * kKeyBlock,
-                 vp + (h / group) * v.stride(1), v.stride(0), op + h * d, heads * d, q0, nq, d,
-                 sc, window, scratch);
+                 vcp + (h / group) * (key_end - key_base) * d, op + h * d, heads * d, start, q0,
+                 nq, key_base, d, sc, window, scratch);
     }
   });
   return out;
+}
+
+}  // namespace
+
+// A fresh prompt: q [T, H, D], k / v [T, KVH, D] (any row/head strides, last dim contiguous).
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, int64_t window) {
+  check_f32(q, "q");
+  check_f32(k, "k");
+  check_f32(v, "v");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+                  q.size(2) == k.size(2),
+              "q [T, H, D], k and v [T, KVH, D] expected");
+  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const int64_t ks = k.stride(0), khs = k.stride(1), vs = v.stride(0), vhs = v.stride(1);
+  return flash_attention(
+      q, k.size(1), 0, scale, window,
+      [=](int64_t h, int64_t p) { return kp + p * ks + h * khs; },
+      [=](int64_t h, int64_t p) { return vp + p * vs + h * vhs; });
+}
+
+// A row whose earlier keys are cached (a later prefill chunk, a prefix-cache hit): q [n, H, D] at
+// positions start.., every key p < start + n already in the caches [KVH, S, D] at slot
+// block_table[p / block_size] * block_size + p % block_size (block_table [W] int64).
+at::Tensor prefill_attention_paged(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& block_table,
+                                   int64_t start, int64_t block_size, double scale,
+                                   int64_t window) {
+  check_f32(q, "q");
+  check_f32(k_cache, "k_cache");
+  check_f32(v_cache, "v_cache");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(2) == q.size(2) && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "q [n, H, D] and contiguous caches [KVH, S, D] expected");
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 1 &&
+                  block_table.is_contiguous() && block_size > 0 && start >= 0,
+              "bad block table");
+  const int64_t num_slots = k_cache.size(1), d = q.size(2), end = start + q.size(0);
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  TORCH_CHECK(end <= block_table.numel() * block_size, "the block table does not cover the row");
+  for (int64_t i = 0; i < (end + block_size - 1) / block_size; ++i) {
+    TORCH_CHECK(table[i] >= 0 && (table[i] + 1) * block_size <= num_slots,
+                "block id out of range");
+  }
+  const float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  auto slot = [=](int64_t p) { return table[p / block_size] * block_size + p % block_size; };
+  return flash_attention(
+      q, k_cache.size(0), start, scale, window,
+      [=](int64_t h, int64_t p) { return kc + (h * num_slots + slot(p)) * d; },
+      [=](int64_t h, int64_t p) { return vc + (h * num_slots + slot(p)) * d; });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -403,5 +461,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("wt"), pybind11::arg("bias") = pybind11::none());
   m.def("prefill_attention", &prefill_attention,
         "causal (windowed) GQA attention of a fresh prompt, flash-style (fp32)");
+  m.def("prefill_attention_paged", &prefill_attention_paged,
+        "causal (windowed) GQA attention of prefill rows over the paged cache (fp32)");
   register_decode_stack(m);
 }
