@@ -263,7 +263,7 @@ def _prefill(
 ) -> torch.Tensor:
     rows = slice(row.start, row.end)
     if ops is not None and q.shape[-1] % 16 == 0:
-        # the compiled flash-style kernel, which skips the blocks above the diagonal (1.2-1.7x
+        # the compiled flash-style kernel, which skips the blocks above the diagonal (1.2-1.9x
         # SDPA's fp32 CPU kernel, docs/PERFORMANCE.md): a fresh prompt reads its own K/V, a
         # later chunk or a prefix hit the paged cache (this step's K/V are stored already)
         if row.blocks is None:
