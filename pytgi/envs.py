@@ -16,9 +16,9 @@ def get(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def get_bool(name: str) -> bool:
+def get_bool(name: str, default: bool = False) -> bool:
     value = get(name)
-    return value is not None and value.strip().lower() in _TRUE
+    return default if value is None else value.strip().lower() in _TRUE
 
 
 def hf_token() -> str | None:
@@ -46,12 +46,10 @@ def set_default_threading_env() -> None:
 
 def cpu_kernels_enabled() -> bool:
     """PYTGI_CPU_KERNELS=0 keeps the pure-torch CPU path (compiled kernels are the default)."""
-    value = get("PYTGI_CPU_KERNELS")
-    return value is None or value.strip().lower() in _TRUE
+    return get_bool("PYTGI_CPU_KERNELS", default=True)
 
 
 def fused_decode_enabled() -> bool:
     """PYTGI_FUSED_DECODE=0 runs decode steps layer by layer even where the fused CPU decode
     kernel could run them (for comparisons; the fused kernel is the default)."""
-    value = get("PYTGI_FUSED_DECODE")
-    return value is None or value.strip().lower() in _TRUE
+    return get_bool("PYTGI_FUSED_DECODE", default=True)

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace pytgi {
 
@@ -39,6 +40,20 @@ inline void scale_into(float* out, const float* x, const float* w, float s, int6
 // out = weight * x / sqrt(mean(x^2) + eps) over one row of d (transformers' formula).
 inline void rms_row(float* out, const float* x, const float* weight, int64_t d, float eps) {
   scale_into(out, x, weight, 1.f / std::sqrt(sum_squares(x, d) / d + eps), d);
+}
+
+// The pre-norm block's "add then norm" over one row: residual += multiplier * x (in place), then
+// out = rms_norm(residual).
+inline void add_rms_row(float* out, float* residual, const float* x, float multiplier,
+                        const float* weight, int64_t d, float eps) {
+  if (multiplier == 1.f) {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) residual[i] += x[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) residual[i] += x[i] * multiplier;
+  }
+  rms_row(out, residual, weight, d, eps);
 }
 
 // Rotate-half RoPE of one head in place: v[:rd] <- v[:rd] * cos + [v2 | v1] * sin, where
@@ -97,8 +112,6 @@ inline __m256 exp_ps(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// d % 8 == 0. Scores with two FMA chains and one horizontal sum per key; the weighted sum of
-// values in chunks of 64 features held in 8 registers (the values are re-read per chunk from L1).
 // [sum(a0), ..., sum(a7)]: eight horizontal sums in one vector (6 hadds and 2 lane permutes
 // instead of 8 separate reductions).
 inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
@@ -107,6 +120,12 @@ inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m25
   const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
   // u0 = [a0..a3 summed over their low 128-bit lane | the same over the high lane], u1 for a4..a7
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
 // s[i] = q . keys[i] * scale for 8 keys at once (d % 8 == 0): 8 independent FMA chains, one
@@ -129,11 +148,33 @@ inline float scores8_avx2(const float* q, const float* const* keys, int64_t d, f
   }
   const __m256 v = _mm256_mul_ps(hsum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
   _mm256_storeu_ps(s, v);
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+  return hmax(v);
+}
+#endif
+
+// s[i] <- exp(s[i] * scale - shift) over n values; returns their sum (the softmax's numerators
+// and denominator). exp(-inf) is 0 on the scalar tail and ~1e-38 in the vector part (exp_ps
+// clamps its input).
+inline float exp_shifted_sum(float* s, int64_t n, float scale, float shift) {
+  float total = 0.f;
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + i), sv, mv));
+    _mm256_storeu_ps(s + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  total = hsum(sum);
+#endif
+  for (; i < n; ++i) total += (s[i] = std::exp(s[i] * scale - shift));
+  return total;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// d % 8 == 0. Scores 8 keys at a time (then one by one); the weighted sum of values in chunks of
+// 64 features held in 8 registers (the values are re-read per chunk from L1).
 inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
                  int64_t len, int64_t d, float scale, float* s, float* out) {
   float m = -std::numeric_limits<float>::infinity();
@@ -152,17 +193,7 @@ inline void attend_avx2(const float* q, const float* const* keys, const float* c
     if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
     m = std::max(m, s[i] = hsum(_mm256_add_ps(a0, a1)) * scale);
   }
-  const __m256 mv = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
-    _mm256_storeu_ps(s + i, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  float total = hsum(sum);
-  for (; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
-  const __m256 inv = _mm256_set1_ps(1.f / total);
+  const __m256 inv = _mm256_set1_ps(1.f / exp_shifted_sum(s, len, 1.f, m));
   for (int64_t c0 = 0; c0 < d; c0 += 64) {
     const int64_t nc = std::min<int64_t>(8, (d - c0) / 8);
     __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0,
@@ -216,6 +247,30 @@ inline void attend(const float* q, const float* const* keys, const float* const*
     attend_avx2(q, keys, values, len, d, scale, s, out);
   } else {
     attend_scalar(q, keys, values, len, d, scale, s, out);
+  }
+}
+
+struct AttendScratch {  // one thread's, reused across calls
+  std::vector<float> scores;
+  std::vector<const float*> keys, values;
+};
+
+// The `group` query heads of one KV head in one decode row (head g at q + g * q_head_stride)
+// against the row's positions [first, first + len), read in place from the head's [num_slots, d]
+// cache rows through the row's block table -> out + g * d. The group's heads run back to back,
+// so their K/V rows come from L2 after the first.
+inline void attend_kv_head(const float* q, int64_t q_head_stride, int64_t group,
+                           const int64_t* table, int64_t block_size, int64_t first, int64_t len,
+                           const float* k_head, const float* v_head, int64_t d, float scale,
+                           float* out, AttendScratch& scratch) {
+  scratch.keys.resize(len);
+  scratch.values.resize(len);
+  scratch.scores.resize(len);
+  paged_rows(table, block_size, first, len, k_head, v_head, d, scratch.keys.data(),
+             scratch.values.data());
+  for (int64_t g = 0; g < group; ++g) {
+    attend(q + g * q_head_stride, scratch.keys.data(), scratch.values.data(), len, d, scale,
+           scratch.scores.data(), out + g * d);
   }
 }
 

@@ -255,25 +255,18 @@ class DecodeStack {
           *attn = buf.attn.data_ptr<float>(), *o = buf.o.data_ptr<float>(),
           *gu = buf.gate_up.data_ptr<float>(), *act = buf.act.data_ptr<float>(),
           *down = buf.down.data_ptr<float>();
-    std::vector<float> scores;  // this thread's attention scratch
-    std::vector<const float*> keys, values;
+    AttendScratch scratch;  // this thread's
 
     // residual[b] += multiplier * branch[b] (the branch's first `hidden` columns), then
     // normed[b] = rms_norm(residual[b]); no branch (the first layer): just the norm.
     auto add_norm = [&](const float* branch, int64_t branch_w, const float* weight) {
       return [=](int64_t b) {
         float* r = s.residual + b * hd;
-        if (branch != nullptr) {
-          const float* x = branch + b * branch_w;
-          if (multiplier_ == 1.f) {
-#pragma omp simd
-            for (int64_t i = 0; i < hd; ++i) r[i] += x[i];
-          } else {
-#pragma omp simd
-            for (int64_t i = 0; i < hd; ++i) r[i] += x[i] * multiplier_;
-          }
+        if (branch == nullptr) {
+          rms_row(normed + b * hd, r, weight, hd, eps_);
+        } else {
+          add_rms_row(normed + b * hd, r, branch + b * branch_w, multiplier_, weight, hd, eps_);
         }
-        rms_row(normed + b * hd, r, weight, hd, eps_);
       };
     };
 
@@ -291,8 +284,8 @@ class DecodeStack {
       });
       run_phase(c[3], rows * kv_heads_, [&](int64_t task) {
         const int64_t b = task / kv_heads_;
-        attend_group(l, s, qkv + b * qkv_w, b, task % kv_heads_, k_cache, v_cache, attn, scores,
-                     keys, values);
+        attend_group(l, s, qkv + b * qkv_w, b, task % kv_heads_, k_cache, v_cache, attn,
+                     scratch);
       });
       run_phase(c[4], o_tiles_, [&](int64_t t) {
         packed_tile(rows, attn, heads_ * d, l.o + t * heads_ * d * kTile, kTile, heads_ * d,
@@ -340,22 +333,13 @@ class DecodeStack {
   // The query heads of KV head h in row b against the row's visible keys, read in place.
   void attend_group(const Layer& l, const Step& s, const float* qkv_row, int64_t b, int64_t h,
                     const float* k_cache, const float* v_cache, float* attn,
-                    std::vector<float>& scores, std::vector<const float*>& keys,
-                    std::vector<const float*>& values) const {
+                    AttendScratch& scratch) const {
     const int64_t d = head_dim_, group = heads_ / kv_heads_, seq_len = s.seq_lens[b];
     const int64_t first = l.window > 0 ? std::max<int64_t>(0, seq_len - l.window) : 0;
-    const int64_t len = seq_len - first;
-    const int64_t* table = s.tables + b * s.table_width;
-    keys.resize(len);
-    values.resize(len);
-    scores.resize(len);
-    paged_rows(table, s.block_size, first, len, k_cache + h * s.num_slots * d,
-               v_cache + h * s.num_slots * d, d, keys.data(), values.data());
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t head = h * group + g;
-      attend(qkv_row + head * d, keys.data(), values.data(), len, d, scale_, scores.data(),
-             attn + (b * heads_ + head) * d);
-    }
+    attend_kv_head(qkv_row + h * group * d, d, group, s.tables + b * s.table_width, s.block_size,
+                   first, seq_len - first, k_cache + h * s.num_slots * d,
+                   v_cache + h * s.num_slots * d, d, scale_, attn + (b * heads_ + h * group) * d,
+                   scratch);
   }
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;

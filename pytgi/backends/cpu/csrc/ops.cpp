@@ -50,11 +50,7 @@ at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Te
   float *rp = residual.data_ptr<float>(), *op = out.data_ptr<float>();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      float* row = rp + r * d;
-      const float* add = xp + r * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) row[i] += add[i];
-      rms_row(op + r * d, row, wp, d, eps);
+      add_rms_row(op + r * d, rp + r * d, xp + r * d, 1.f, wp, d, eps);
     }
   });
   return out;
@@ -150,21 +146,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const float sc = static_cast<float>(scale);
 
   at::parallel_for(0, rows * kvh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<const float*> keys, values;
+    AttendScratch scratch;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kvh, h = task % kvh, lo = fp[b], len = lp[b] - lo;
-      const int64_t* table = tables + b * width;
-      keys.resize(len);
-      values.resize(len);
-      paged_rows(table, block_size, lo, len, kc + h * num_slots * d, vc + h * num_slots * d, d,
-                 keys.data(), values.data());
-      scores.resize(len);
-      for (int64_t g = 0; g < group; ++g) {  // each query head of the group, keys from L2
-        const float* query = qp + b * qsr + (h * group + g) * qsh;
-        float* o = op + (b * heads + h * group + g) * d;
-        attend(query, keys.data(), values.data(), len, d, sc, scores.data(), o);
-      }
+      const int64_t b = task / kvh, h = task % kvh;
+      attend_kv_head(qp + b * qsr + h * group * qsh, qsh, group, tables + b * width, block_size,
+                     fp[b], lp[b] - fp[b], kc + h * num_slots * d, vc + h * num_slots * d, d, sc,
+                     op + (b * heads + h * group) * d, scratch);
     }
   });
   return out;
@@ -262,9 +249,7 @@ float softmax_update(float* s, int64_t n, float scale, float& max, float& sum) {
 #if defined(__AVX2__) && defined(__FMA__)
   __m256 mv8 = _mm256_set1_ps(block_max);
   for (; i + 8 <= n; i += 8) mv8 = _mm256_max_ps(mv8, _mm256_loadu_ps(s + i));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv8), _mm256_extractf128_ps(mv8, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  block_max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  block_max = hmax(mv8);
 #endif
   for (; i < n; ++i) block_max = std::max(block_max, s[i]);
   block_max *= scale;
@@ -276,20 +261,7 @@ float softmax_update(float* s, int64_t n, float scale, float& max, float& sum) {
   const float correction = max == -std::numeric_limits<float>::infinity()
                                ? 0.f
                                : std::exp(max - new_max);
-  float total = 0.f;
-  i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  const __m256 mv = _mm256_set1_ps(new_max), sv = _mm256_set1_ps(scale);
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {  // exp(-inf) is 0 (exp_ps clamps its input)
-    const __m256 e = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + i), sv, mv));
-    _mm256_storeu_ps(s + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  total = hsum(acc);
-#endif
-  for (; i < n; ++i) total += (s[i] = std::exp(s[i] * scale - new_max));
-  sum = sum * correction + total;
+  sum = sum * correction + exp_shifted_sum(s, n, scale, new_max);
   max = new_max;
   return correction;
 }
