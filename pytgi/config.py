@@ -23,15 +23,16 @@ class ModelConfig:
     dtype: str | None = None  # None = per-device default (fp32 on CPU)
     quantize: str | None = None
     trust_remote_code: bool = False
-    allow_pickle_weights: bool = (
-        False  # .bin checkpoints only with this opt-in (converted, weights_only)
-    )
+    # .bin checkpoints only with this opt-in (converted, weights_only)
+    allow_pickle_weights: bool = False
     hub_cache_dir: str | None = None
     hf_token: str | None = None
     hub_offline: bool = False
     tokenizer_id: str | None = None  # defaults to the model directory
     tokenizer_config_path: str | None = None
     seed: int = 0  # random-weight init, warm-up inputs
+    # the longest sequence served (--max-total-tokens); None: the model's max_position_embeddings
+    max_model_len: int | None = None
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -43,9 +44,8 @@ class CacheConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None: derived from free memory at warm-up
     memory_fraction: float = 0.9  # of the memory left after loading weights and a warm-up step
-    max_kv_cache_bytes: int | None = (
-        None  # hard cap on KV memory (CPU: RAM is shared with everything)
-    )
+    # hard cap on KV memory (CPU: RAM is shared with everything)
+    max_kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
 
     def __post_init__(self):
@@ -61,8 +61,11 @@ class SchedulerConfig:
     max_batch_total_tokens: int | None = None  # KV budget in tokens; None = from memory
     max_batch_size: int | None = None  # max running requests; None = unbounded (KV-limited)
     enable_chunked_prefill: bool = True
+    num_speculative_tokens: int = 0  # --speculate: n-gram draft tokens verified per decode step
 
     def __post_init__(self):
+        if self.num_speculative_tokens < 0:
+            raise ConfigError("`speculate` must be >= 0")
         if self.max_batch_size is not None and self.max_batch_size <= 0:
             raise ConfigError("`max_batch_size` must be > 0")
         if self.max_batch_prefill_tokens <= 0:
@@ -81,11 +84,22 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class DeviceConfig:
+    """What the platform may use, decided before the model is built (the CLI fills it from
+    PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE): compiled kernels for the layers, and the decode-step
+    accelerator (the fused CPU decode stack; CUDA-graph replay on GPU)."""
+
+    kernels: bool = True
+    decode_accelerator: bool = True
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
     cuda_graphs: tuple[int, ...] = ()
 

@@ -44,12 +44,13 @@ def set_default_threading_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def cpu_kernels_enabled() -> bool:
-    """PYTGI_CPU_KERNELS=0 keeps the pure-torch CPU path (compiled kernels are the default)."""
-    return get_bool("PYTGI_CPU_KERNELS", default=True)
+def device_config():
+    """The device config from PYTGI_CPU_KERNELS=0 (keep the pure-torch path) and
+    PYTGI_FUSED_DECODE=0 (run decode steps layer by layer even where the fused CPU decode stack
+    could run them, for comparisons); both default to on."""
+    from pytgi.config import DeviceConfig
 
-
-def fused_decode_enabled() -> bool:
-    """PYTGI_FUSED_DECODE=0 runs decode steps layer by layer even where the fused CPU decode
-    kernel could run them (for comparisons; the fused kernel is the default)."""
-    return get_bool("PYTGI_FUSED_DECODE", default=True)
+    return DeviceConfig(
+        kernels=get_bool("PYTGI_CPU_KERNELS", default=True),
+        decode_accelerator=get_bool("PYTGI_FUSED_DECODE", default=True),
+    )

@@ -69,13 +69,18 @@ def pytgi_server_url(pytgi_server) -> str:
 
 
 @pytest.fixture(params=["torch", "compiled"])
-def cpu_kernels(request, monkeypatch):
-    """Runs a test twice: on the pure-torch CPU path and with the compiled kernels (which must
-    build here: CI has a compiler, and a silent fallback would leave the fast path untested)."""
-    from pytgi.backends.cpu import kernels
+def cpu_kernels(request):
+    """Runs a test twice: layers built in it take the pure-torch CPU path, then the compiled
+    kernels (which must build here: CI has a compiler, and a silent fallback would leave the fast
+    path untested). The test's layers read the choice from the build context."""
+    from pytgi.backends.cpu.attention import CpuAttentionBackend
+    from pytgi.backends.cpu.kernels import load_cpu_kernels
+    from pytgi.layers.build_context import BuildContext, build_context
 
+    kernels = None
     if request.param == "compiled":
-        assert kernels.load_cpu_kernels() is not None, "the CPU kernels failed to build"
-    else:
-        monkeypatch.setitem(kernels._state, "module", None)
-    return request.param
+        kernels = load_cpu_kernels()
+        assert kernels is not None, "the CPU kernels failed to build"
+    context = BuildContext(kernels=kernels, attention=CpuAttentionBackend(kernels))
+    with build_context(context):
+        yield request.param

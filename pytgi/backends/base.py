@@ -1,83 +1,211 @@
-"""Device-specific interfaces: the platform (device, memory, collectives backend) and attention.
+"""The device seams: the platform, the attention contract and the decode-step accelerator.
 
-`AttentionBatch` is what the worker's InputBuilder tells the attention backend about a step; the
-backend turns it into its own metadata once per step (`build_metadata`), and every attention layer
-then calls `forward` with that metadata and its own KV cache.
+- `Platform`: the device pytgi runs on, chosen once at start-up (`backends.selector`). It decides,
+  before any model is built, which compiled kernels exist (`kernels_for(dtype)`), which attention
+  backend serves the layers, and which decode-step accelerator the model runner may use.
+- Attention: each attention layer declares fixed `AttentionParams` and gets one `AttentionImpl`
+  from the backend when it is built; it also declares a `KVCacheSpec`, from which the runner sizes
+  and allocates its cache. Per step the backend's `AttentionMetadataBuilder` turns the step's
+  `AttentionBatch` into metadata (all of it computed before the forward), shared by every layer.
+- `DecodeAccelerator`: runs a whole decode step's decoder stack at once (the CPU fused decode
+  stack; CUDA-graph replay). Owned by the model runner, which asks it per step.
 
-Row order contract: the rows whose query is a single token ("decode rows") come first, so their
-tokens are the first `num_decode_rows` tokens of the flat batch; prefill rows (several tokens)
-follow.
+Row order contract of a step: rows whose query is a single token ("decode rows") come first, so
+their tokens are the first `num_decode_rows` tokens of the flat batch; prefill rows follow.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+KVCache = tuple[torch.Tensor, ...]  # one layer's cache: (K, V), or (latent,) for an MLA cache
+
 
 @dataclass
 class AttentionBatch:
-    """One step's attention layout. Row i runs tokens [query_starts[i], query_starts[i] +
-    num_queries[i]) of the flat batch at positions start_positions[i].., attending to every earlier
-    position of its sequence, whose K/V live at slot = block_tables[i][pos // block_size] *
-    block_size + pos % block_size.
+    """One step's attention layout, built by the worker's InputBuilder. Row i runs the flat tokens
+    [query_start_loc[i], query_start_loc[i + 1]) at positions seq_lens[i] - num_queries[i] ..
+    seq_lens[i] - 1, attending to every earlier position of its sequence, whose K/V live at slot
+    block_table[i, pos // block_size] * block_size + pos % block_size.
+
+    The row tensors are host (CPU) tensors; `slot_mapping` is on the model's device.
     """
 
+    query_start_loc: torch.Tensor  # [R + 1] int64
+    seq_lens: torch.Tensor  # [R] int64: tokens in the cache once this step's are stored
+    block_table: torch.Tensor  # [R, W] int64, padded with block 0
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
-    query_starts: list[int]
-    num_queries: list[int]
-    start_positions: list[int]  # tokens already in the cache before this step
-    block_tables: list[list[int]]
     block_size: int
     num_decode_rows: int
 
     @property
     def num_rows(self) -> int:
-        return len(self.num_queries)
+        return self.seq_lens.shape[0]
+
+    @property
+    def num_queries(self) -> torch.Tensor:
+        return self.query_start_loc[1:] - self.query_start_loc[:-1]  # [R]
+
+    @property
+    def start_positions(self) -> torch.Tensor:
+        return self.seq_lens - self.num_queries  # [R]: tokens cached before this step
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_decode_rows == self.num_rows
+
+
+@dataclass(frozen=True)
+class AttentionParams:
+    """What one attention layer computes, fixed when the layer is built."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    scale: float
+    head_size_v: int | None = None  # None: the same as head_size
+    sliding_window: int | None = None  # a query at p sees keys p - W < pos <= p
+    logits_soft_cap: float | None = None  # scores -> cap * tanh(scores / cap)
+    alibi_slopes: tuple[float, ...] | None = None  # one per query head
+    kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
+
+    @property
+    def v_size(self) -> int:
+        return self.head_size if self.head_size_v is None else self.head_size_v
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """One layer's KV cache per token: what the runner sizes and allocates. A full-attention
+    layer keeps every position; a sliding-window layer only needs the last `sliding_window`; a
+    latent (MLA) cache holds one vector per token (`head_size_v == 0`)."""
+
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int
+    dtype: torch.dtype
+    sliding_window: int | None = None
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_kv_heads * (self.head_size + self.head_size_v) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(KVCacheSpec):
+    pass
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(KVCacheSpec):
+    pass
+
+
+@dataclass(frozen=True)
+class LatentAttentionSpec(KVCacheSpec):
+    """An MLA latent cache: `head_size` values per token, no separate V (head_size_v = 0)."""
+
+
+def kv_cache_spec(params: AttentionParams, model_dtype: torch.dtype) -> KVCacheSpec:
+    """The cache a standard (non-latent) attention layer with `params` needs."""
+    spec_type = FullAttentionSpec if params.sliding_window is None else SlidingWindowSpec
+    return spec_type(
+        num_kv_heads=params.num_kv_heads,
+        head_size=params.head_size,
+        head_size_v=params.v_size,
+        dtype=params.kv_cache_dtype or model_dtype,
+        sliding_window=params.sliding_window,
+    )
+
+
+class AttentionImpl(ABC):
+    """One layer's attention, holding its fixed parameters."""
+
+    def __init__(self, params: AttentionParams):
+        self.params = params
+
+    @abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache, metadata: Any
+    ) -> torch.Tensor:
+        """q [T, H, D], k [T, KVH, D], v [T, KVH, Dv] (this step's tokens) -> out [T, H, Dv];
+        stores k/v in the cache first."""
+
+
+class AttentionMetadataBuilder(ABC):
+    """Turns a step's `AttentionBatch` into the backend's metadata, before the forward."""
+
+    @abstractmethod
+    def build(self, batch: AttentionBatch) -> Any: ...
 
 
 class AttentionBackend(ABC):
     name: str
 
     @abstractmethod
-    def build_metadata(self, batch: AttentionBatch) -> Any:
-        """Per-step metadata shared by all layers (indices, masks), built once per step."""
+    def make_impl(self, params: AttentionParams) -> AttentionImpl:
+        """The layer's implementation; raises ModelLoadError for parameters it cannot honour."""
 
     @abstractmethod
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        metadata: Any,
-        scale: float,
-        sliding_window: int | None,
-    ) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KVH, D] (this step's tokens) -> out [T, H, D]; writes k/v to the
-        cache.
-        """
+    def allocate_kv_cache(
+        self, spec: KVCacheSpec, num_blocks: int, block_size: int, device: torch.device
+    ) -> KVCache:
+        """A zeroed cache for one layer (padded reads see finite values)."""
 
     @abstractmethod
-    def kv_cache_shape(
-        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
-    ) -> tuple[int, ...]:
-        """Shape of one layer's K (and V) cache tensor."""
+    def metadata_builder(
+        self, specs: Iterable[KVCacheSpec], num_blocks: int, block_size: int
+    ) -> AttentionMetadataBuilder:
+        """The per-step builder for layers with these specs over caches of `num_blocks`."""
+
+
+# (hidden [T, D], cos, sin) -> (hidden, residual): a decoder stack run by an accelerator
+FusedLayers = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+
+
+class DecodeAccelerator(ABC):
+    """Runs a decode step's whole decoder stack at once (fused kernel or graph replay)."""
+
+    name: str
+
+    @abstractmethod
+    def for_step(
+        self, batch: AttentionBatch, metadata: Any, kv_caches: dict[str, KVCache]
+    ) -> FusedLayers | None:
+        """The stack's replacement for this step, or None to run it layer by layer."""
 
 
 class Platform(ABC):
     """The device pytgi runs on: chosen once at start-up by `backends.selector`."""
 
     name: str
-    device: torch.device
     dist_backend: str
+
+    @abstractmethod
+    def device_for_rank(self, rank: int) -> torch.device:
+        """The device tensor-parallel rank `rank` computes on."""
 
     @abstractmethod
     def default_dtype(self) -> torch.dtype:
         """The model dtype when --dtype is not given."""
+
+    @abstractmethod
+    def kernels_for(self, dtype: torch.dtype) -> Any | None:
+        """The compiled kernels layers may use for a model in `dtype` (None: reference path)."""
+
+    @abstractmethod
+    def attention_backend(self, dtype: torch.dtype) -> AttentionBackend:
+        """The attention backend for a model in `dtype`."""
+
+    def decode_accelerator(  # noqa: B027
+        self, model: torch.nn.Module, kv_cache_dtype: torch.dtype
+    ) -> DecodeAccelerator | None:
+        """The accelerator for `model`'s decode steps, or None (the default) to run them eagerly."""
 
     @abstractmethod
     def available_memory_bytes(self) -> int:
@@ -86,6 +214,14 @@ class Platform(ABC):
     @abstractmethod
     def default_kv_cache_cap_bytes(self) -> int | None:
         """An upper bound on the KV cache when --max-kv-cache-bytes is not given (None: no cap)."""
+
+    def ranks_share_memory(self) -> bool:
+        """Whether every rank's KV cache comes out of the same memory (CPU RAM)."""
+        return False
+
+    def threads_per_rank(self, world_size: int) -> int | None:
+        """Intra-op threads per rank when --num-threads is not given (None: torch's default)."""
+        return None
 
     def synchronize(self) -> None:  # noqa: B027
         """Wait for queued device work (timings); nothing to do on CPU."""

@@ -40,6 +40,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         hf_token=envs.hf_token(),
         hub_offline=envs.hub_offline(),
         tokenizer_config_path=args.tokenizer_config_path,
+        max_model_len=getattr(args, "max_total_tokens", None),
     )
 
 
@@ -62,8 +63,6 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
     if args.quantize:
         raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
-    if args.speculate:
-        raise ConfigError("--speculate is not supported yet by pytgi")
     if args.cuda_graphs:
         logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
     return EngineConfig(
@@ -80,10 +79,12 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             max_batch_total_tokens=args.max_batch_total_tokens,
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
+            num_speculative_tokens=args.speculate or 0,
         ),
         parallel=ParallelConfig(
             num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
         ),
+        device=envs.device_config(),
         num_threads=args.num_threads,
         cuda_graphs=tuple(args.cuda_graphs or ()),
     )

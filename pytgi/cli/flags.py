@@ -91,7 +91,12 @@ ENGINE_FLAGS = [
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
     Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
     Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
-    Flag("--speculate", "Speculative tokens per step (not supported yet)", int),
+    Flag(
+        "--speculate",
+        "Draft tokens verified per decode step, proposed by n-gram lookup in the request's own "
+        "text (no draft model)",
+        int,
+    ),
     Flag("--disable-custom-kernels", "Do not use custom kernels", switch=True),
     Flag("--rope-scaling", "Override rope scaling type", choices=("linear", "dynamic")),
     Flag("--rope-factor", "Override rope scaling factor", float),

@@ -38,9 +38,8 @@ def sampling_params(args: argparse.Namespace):
     top_p = 1.0 if args.top_p is None else args.top_p
     typical_p = 1.0 if args.typical_p is None else args.typical_p
     top_k = args.top_k or 0
-    do_sample = args.do_sample or temperature != 1.0 or top_k > 0 or top_p < 1 or typical_p < 1
     return SamplingParams(
-        do_sample=do_sample,
+        do_sample=args.do_sample,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,

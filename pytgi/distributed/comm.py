@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
-from pytgi.distributed.parallel_state import get_tp_info
+from pytgi.distributed.parallel_state import get_control_group, get_tp_info
 
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -37,13 +35,12 @@ def tp_gather_to_first_rank(x: torch.Tensor, dim: int = -1) -> torch.Tensor | No
     return torch.cat(parts, dim=dim) if info.rank == 0 else None
 
 
-def tp_broadcast_object(obj: Any = None) -> Any:
-    """Send a picklable object from rank 0 to all ranks; every rank returns it."""
-    if get_tp_info().world_size == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def control_broadcast(tensor: torch.Tensor) -> torch.Tensor:
+    """Broadcast a CPU int64 tensor from rank 0 over the control group, in place; the other
+    ranks pass a buffer of the right shape."""
+    if get_tp_info().world_size > 1:
+        dist.broadcast(tensor, src=0, group=get_control_group())
+    return tensor
 
 
 def tp_min(value: int) -> int:

@@ -32,6 +32,8 @@ class EngineStats:
     num_steps: int = 0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative tokens verified (--speculate)
+    num_accepted_draft_tokens: int = 0
     forward_time_s: float = 0.0  # cumulative time in Executor.execute
 
     @property

@@ -11,22 +11,13 @@ import time
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
+from pytgi.engine.executor import Executor
 from pytgi.engine.kv_cache_manager import KVCacheManager
-from pytgi.engine.outputs import ModelOutput, RequestOutput, SchedulerOutput
+from pytgi.engine.outputs import RequestOutput, SchedulerOutput
 from pytgi.engine.request import EngineRequest, Request
 from pytgi.engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-
-class Executor:
-    """What the engine needs from the worker side (see pytgi.worker.executor)."""
-
-    def initialize(self) -> CacheInfo: ...
-
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput: ...
-
-    def shutdown(self) -> None: ...
 
 
 class EngineCore:
@@ -76,10 +67,14 @@ class EngineCore:
         stats.forward_time_s += elapsed_s
         stats.num_batch_tokens = output.num_tokens
         for scheduled in output.requests:
-            if scheduled.num_tokens == 1 and scheduled.start_pos >= len(scheduled.prompt_ids):
-                stats.num_decode_tokens += 1
+            request = self.scheduler.requests[scheduled.request_id]  # update() has not run yet
+            is_decode = (
+                scheduled.num_tokens == 1 and scheduled.start_pos >= request.num_prompt_tokens
+            )
+            if is_decode:
+                stats.num_decode_tokens += scheduled.num_scheduled_tokens
             else:
-                stats.num_prefill_tokens += scheduled.num_tokens
+                stats.num_prefill_tokens += scheduled.num_scheduled_tokens
 
     def stats(self) -> EngineStats:
         scheduler, kv = self.scheduler, self.scheduler.kv
@@ -91,6 +86,8 @@ class EngineCore:
         stats.prefix_cache_hit_tokens = kv.num_hit_tokens
         stats.num_preemptions = scheduler.num_preemptions
         stats.num_aborts = scheduler.num_aborts
+        stats.num_draft_tokens = scheduler.num_draft_tokens
+        stats.num_accepted_draft_tokens = scheduler.num_accepted_draft_tokens
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from pytgi.engine.block_pool import Block, BlockHash, BlockPool, hash_block
 from pytgi.engine.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(a // -b)
+from pytgi.utils.math import cdiv
 
 
 class KVCacheManager:
@@ -23,9 +20,8 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
-        self._hashes: dict[
-            str, list[BlockHash]
-        ] = {}  # hashes of the request's full blocks, in order
+        self._hashes: dict[str, list[BlockHash]] = {}  # of the request's full blocks, in order
+        self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
 
@@ -37,8 +33,9 @@ class KVCacheManager:
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
-    def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._blocks.get(request_id, ())]
+    def block_ids(self, request_id: str, start: int = 0) -> list[int]:
+        """The request's block ids from its `start`-th block on."""
+        return [b.block_id for b in self._blocks.get(request_id, ())[start:]]
 
     def find_cached_prefix(self, request: Request) -> list[Block]:
         """Longest run of cached full blocks matching the request's tokens, leaving >= 1 token to
@@ -66,7 +63,6 @@ class KVCacheManager:
 
         `cached` are prefix-hit blocks for a request being admitted (its num_computed_tokens is then
         advanced by the caller). On failure nothing changes.
-
         """
         cached = cached or []
         blocks = self._blocks.setdefault(request.request_id, [])
@@ -90,16 +86,22 @@ class KVCacheManager:
         """Publish the request's full, computed blocks to the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        blocks = self._blocks.get(request.request_id, [])
+        rid = request.request_id
+        blocks = self._blocks.get(rid, [])
         num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        first = self._num_published.get(rid, 0)
+        if num_full <= first:
+            return
         hashes = self._full_block_hashes(request)
-        for block, block_hash in zip(blocks[:num_full], hashes[:num_full], strict=True):
+        for block, block_hash in zip(blocks[first:num_full], hashes[first:num_full], strict=True):
             self.pool.cache_block(block, block_hash)
+        self._num_published[rid] = num_full
 
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, [])
         self.pool.free(reversed(blocks))
         self._hashes.pop(request.request_id, None)
+        self._num_published.pop(request.request_id, None)
 
     def _full_block_hashes(self, request: Request) -> list[BlockHash]:
         """Hashes of every full block of the request's known tokens, extended incrementally."""
@@ -107,9 +109,8 @@ class KVCacheManager:
         num_full = request.num_tokens // self.block_size
         if num_full == len(hashes):
             return hashes
-        tokens = request.all_token_ids
         bs = self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tuple(tokens[i * bs : (i + 1) * bs])))
+            hashes.append(hash_block(parent, tuple(request.token_ids(i * bs, (i + 1) * bs))))
         return hashes

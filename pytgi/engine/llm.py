@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
+from pytgi import envs
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
 from pytgi.engine.engine_core import EngineCore
 from pytgi.engine.outputs import RequestOutput
@@ -119,6 +120,7 @@ def engine_config(
     max_batch_size: int | None = None,
     num_shard: int = 1,
     num_threads: int | None = None,
+    speculate: int = 0,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`)."""
     if model_id is None:
@@ -136,8 +138,10 @@ def engine_config(
             max_batch_prefill_tokens=max_batch_prefill_tokens,
             max_batch_total_tokens=max_batch_total_tokens,
             max_batch_size=max_batch_size,
+            num_speculative_tokens=speculate,
         ),
         parallel=ParallelConfig(num_shard=num_shard),
+        device=envs.device_config(),
         num_threads=num_threads,
     )
 

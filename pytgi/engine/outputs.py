@@ -1,43 +1,59 @@
 """The objects that cross the engine's boundaries.
 
-Scheduler → worker: `SchedulerOutput` (which requests run which tokens this step, with their block
-tables). Worker → scheduler: `ModelOutput` (the sampled token per request that reached the end of
-its known tokens). Engine → API process: `RequestOutput` (per-request deltas: new tokens, finish,
-prefill logprobs). All are plain dataclasses of Python scalars and lists: picklable, no torch.
+Scheduler → workers: `SchedulerOutput`. The workers keep each request's token history and block
+table across steps: a request's first step (or its first after a preemption) brings
+`NewRequestData` (prompt, parameters), and every step brings only what changed since
+(`ScheduledRequest.new_token_ids`, `new_block_ids`), so a step costs O(new tokens), not
+O(context). A scheduled request may carry draft tokens to verify. Workers → scheduler:
+`ModelOutput` (per request, the accepted draft tokens then one new token). Engine → API process:
+`RequestOutput` (per-request deltas). All are plain dataclasses of Python scalars and lists:
+picklable, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytgi.engine.request import FinishReason
+from pytgi.engine.request import FinishReason, MultimodalInput
 from pytgi.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """What the workers keep for a request from its first step until it is freed."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    adapter_id: str | None = None
+    multimodal_inputs: tuple[MultimodalInput, ...] = ()
 
 
 @dataclass
 class ScheduledRequest:
     """One request's share of a step.
 
-    The model runs `input_ids` at positions `start_pos .. start_pos + len(input_ids) - 1`, writing
-    their K/V into the slots given by `block_ids` (slot = block_ids[pos // block_size] * block_size
-    + pos % block_size) and attending to every earlier position of the request (its cache holds
-    `start_pos` tokens already).
+    The workers append `new_token_ids` to the request's history (prompt, then generated tokens)
+    and `new_block_ids` to its block table. The model then runs history tokens
+    [start_pos, start_pos + num_tokens) followed by `draft_ids` (positions continue), writing
+    their K/V at slot = block_table[pos // block_size] * block_size + pos % block_size, each
+    attending to every earlier position (the cache holds `start_pos` tokens already).
+    With `sample`, the step reaches the end of the history: the workers sample the next token at
+    the last history token and at each draft token, and keep drafts while they agree.
     """
 
     request_id: str
-    input_ids: list[int]
     start_pos: int
-    block_ids: list[int]
-    sample: bool  # this step reaches the request's last known token: sample the next one
-    sampling: SamplingParams
-    # token history for penalties, watermark and seeded sampling (prompt, then generated so far)
-    prompt_ids: list[int]
-    output_ids: list[int]
+    num_tokens: int
+    new_token_ids: list[int] = field(default_factory=list)
+    new_block_ids: list[int] = field(default_factory=list)
+    draft_ids: list[int] = field(default_factory=list)
+    sample: bool = False
     prefill_logprobs: bool = False  # return logprobs for the prompt tokens run in this step
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.input_ids)
+    def num_scheduled_tokens(self) -> int:
+        return self.num_tokens + len(self.draft_ids)
 
 
 @dataclass
@@ -45,11 +61,13 @@ class SchedulerOutput:
     """Everything the workers need for one forward step, in batch order."""
 
     requests: list[ScheduledRequest]
-    finished_request_ids: list[str] = field(default_factory=list)  # free per-request worker state
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    # requests whose worker state is dropped before this step (finished, aborted, preempted)
+    freed_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.requests)
+        return sum(r.num_scheduled_tokens for r in self.requests)
 
     @property
     def is_empty(self) -> bool:
@@ -68,20 +86,13 @@ class SampledToken:
 class ModelOutput:
     """Results of one step, keyed by request id.
 
-    `prefill_logprobs[rid][i]` is the logprob of the i-th input token of this step's chunk given
-    what came before it (NaN for the very first prompt token, which has no prediction).
+    `sampled[rid]` holds the accepted draft tokens, then the one new token (a single token without
+    drafts). `prefill_logprobs[rid][i]` is the logprob of the i-th input token of this step's chunk
+    given what came before it (NaN for the very first prompt token, which has no prediction).
     """
 
-    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     prefill_logprobs: dict[str, list[float]] = field(default_factory=dict)
-
-
-@dataclass
-class TokenOutput:
-    token_id: int
-    logprob: float
-    top_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -89,7 +100,7 @@ class RequestOutput:
     """A delta for one request: what happened to it in the last step(s)."""
 
     request_id: str
-    new_tokens: list[TokenOutput] = field(default_factory=list)
+    new_tokens: list[SampledToken] = field(default_factory=list)
     # prompt logprobs (first token NaN), delivered once, with the first generated token
     prefill_logprobs: list[float] | None = None
     finished: bool = False

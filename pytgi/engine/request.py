@@ -27,9 +27,19 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     EOS_TOKEN = "eos_token"
     STOP_SEQUENCE = "stop_sequence"
-    ABORTED = (
-        "aborted"  # client gone or stop string matched by the router; never reported to a client
-    )
+    # client gone or stop string matched by the router; never reported to a client
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class MultimodalInput:
+    """A non-text input placed in the prompt: `length` placeholder tokens from `offset` stand for
+    it. Carried to the workers for models that encode it (none of pytgi's text models do yet)."""
+
+    modality: str  # e.g. "image"
+    offset: int
+    length: int
+    data: bytes = b""
 
 
 @dataclass
@@ -41,6 +51,8 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stopping: StoppingParams = field(default_factory=StoppingParams)
     arrival_time_s: float = field(default_factory=time.monotonic)
+    adapter_id: str | None = None  # LoRA adapter; an unknown id uses the base model (as TGI)
+    multimodal_inputs: tuple[MultimodalInput, ...] = ()
 
 
 @dataclass
@@ -52,19 +64,24 @@ class Request:
     sampling: SamplingParams
     stopping: StoppingParams
     arrival_time_s: float
+    adapter_id: str | None = None
+    multimodal_inputs: tuple[MultimodalInput, ...] = ()
     output_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
-    num_cached_prompt_tokens: int = (
-        0  # prompt tokens served by the prefix cache at the last admission
-    )
+    num_cached_prompt_tokens: int = 0  # prompt tokens served by the prefix cache at admission
     num_preemptions: int = 0
     first_scheduled_time_s: float | None = None
     # prompt logprobs (decoder_input_details), gathered over prefill chunks; a recompute after a
     # preemption does not gather them again
     prompt_logprobs: list[float] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    # what the workers hold of this request: generated tokens and blocks (0 until first scheduled
+    # and again after a preemption, which drops the workers' state)
+    num_output_ids_sent: int = 0
+    num_block_ids_sent: int = 0
+    draft_ids: list[int] = field(default_factory=list)  # proposed for the next step
 
     @classmethod
     def from_engine_request(cls, req: EngineRequest) -> Request:
@@ -74,6 +91,8 @@ class Request:
             sampling=req.sampling,
             stopping=req.stopping,
             arrival_time_s=req.arrival_time_s,
+            adapter_id=req.adapter_id,
+            multimodal_inputs=req.multimodal_inputs,
         )
 
     @property
@@ -88,9 +107,18 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_ids)
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the whole history."""
+        num_prompt = len(self.prompt_ids)
+        if end <= num_prompt:
+            return self.prompt_ids[start:end]
+        if start >= num_prompt:
+            return self.output_ids[start - num_prompt : end - num_prompt]
+        return self.prompt_ids[start:] + self.output_ids[: end - num_prompt]
+
     @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def last_token_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     @property
     def is_finished(self) -> bool:

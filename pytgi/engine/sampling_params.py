@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 class SamplingParams:
     """How the next token is chosen (TGI `parameters`, §7 of the contract).
 
-    `do_sample` is already resolved by the router: a request with temperature != 1, top_k, top_p < 1
-    or typical_p < 1 samples even when the user said do_sample=false. A sampling request always has
-    a `seed` (the router draws one when the user gave none), so sampling is reproducible.
+    As TGI: a request with temperature != 1, top_k, top_p < 1 or typical_p < 1 samples even when
+    the user said do_sample=false (`do_sample` is resolved here, once). A sampling request from the
+    router always has a `seed` (it draws one when the user gave none), so sampling is
+    reproducible.
     """
 
     do_sample: bool = False
@@ -29,6 +30,14 @@ class SamplingParams:
     seed: int | None = None
     top_n_tokens: int = 0  # how many alternatives to report per generated token
     prefill_logprobs: bool = False  # logprobs of the prompt tokens (decoder_input_details)
+
+    def __post_init__(self):
+        if self.uses_warpers and not self.do_sample:
+            object.__setattr__(self, "do_sample", True)
+
+    @property
+    def uses_warpers(self) -> bool:
+        return self.temperature != 1.0 or self.top_k > 0 or self.top_p < 1.0 or self.typical_p < 1.0
 
     @property
     def is_greedy(self) -> bool:

@@ -1,11 +1,17 @@
 """Scheduler: decides, each step, which requests run which tokens, under three budgets.
 
-- token budget: `max_batch_prefill_tokens` tokens per step (decodes cost one each, prompts are
-chunked); - KV budget: blocks from the KVCacheManager (when they run out, the most recently admitted
-running request is preempted: its blocks are freed and it goes back to the front of the queue, to be
-recomputed); - `max_batch_size` running requests. There is one piece of arithmetic for every phase:
-a request runs tokens until `num_computed_tokens` catches up with `num_tokens`. The scheduler never
-touches tensors.
+- token budget: `max_batch_prefill_tokens` tokens per step (decodes cost one each plus their
+  draft tokens, prompts are chunked);
+- KV budget: blocks from the KVCacheManager (when they run out, the most recently admitted running
+  request is preempted: its blocks are freed and it goes back to the front of the queue, to be
+  recomputed);
+- `max_batch_size` running requests.
+
+There is one piece of arithmetic for every phase: a request runs tokens until
+`num_computed_tokens` catches up with `num_tokens`. With speculation, a request at the end of its
+history also runs its draft tokens; the workers return the drafts they accepted and one new
+token, and the scheduler keeps only the accepted drafts' K/V as computed (rollback). The
+scheduler never touches tensors.
 """
 
 from __future__ import annotations
@@ -15,8 +21,16 @@ from collections import deque
 
 from pytgi.config import SchedulerConfig
 from pytgi.engine.kv_cache_manager import KVCacheManager
-from pytgi.engine.outputs import ModelOutput, RequestOutput, ScheduledRequest, SchedulerOutput
+from pytgi.engine.outputs import (
+    ModelOutput,
+    NewRequestData,
+    RequestOutput,
+    SampledToken,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from pytgi.engine.request import FinishReason, Request, RequestStatus
+from pytgi.engine.speculation import NgramProposer
 from pytgi.engine.stopping import check_stop, make_delta
 
 
@@ -27,9 +41,14 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._finished_ids: list[str] = []
+        self.proposer = (
+            NgramProposer(config.num_speculative_tokens) if config.num_speculative_tokens else None
+        )
+        self._freed_ids: list[str] = []
         self.num_preemptions = 0
         self.num_aborts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_draft_tokens = 0
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -53,7 +72,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_batch_prefill_tokens
-        scheduled: list[ScheduledRequest] = []
+        output = SchedulerOutput(requests=[])
         num_preemptions = self.num_preemptions
         for request in list(self.running):
             if budget == 0:
@@ -61,14 +80,16 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new):
+            reaches_end = request.num_computed_tokens + num_new == request.num_tokens
+            drafts = request.draft_ids[: budget - num_new] if reaches_end else []
+            if not self._allocate_or_preempt(request, num_new + len(drafts)):
                 continue
-            scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
+            self._add(output, request, num_new, drafts)
+            budget -= num_new + len(drafts)
         if self.num_preemptions == num_preemptions:  # no admissions while memory is short
-            self._admit_waiting(budget, scheduled)
-        finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(requests=scheduled, finished_request_ids=finished)
+            self._admit_waiting(budget, output)
+        output.freed_request_ids, self._freed_ids = self._freed_ids, []
+        return output
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Allocate slots for `request`, preempting the newest running requests until it fits."""
@@ -79,7 +100,7 @@ class Scheduler:
                 return False
         return True
 
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
+    def _admit_waiting(self, budget: int, output: SchedulerOutput) -> None:
         max_running = self.config.max_batch_size or 1 << 30
         while self.waiting and budget > 0 and len(self.running) < max_running:
             request = self.waiting[0]
@@ -98,7 +119,7 @@ class Scheduler:
             if request.first_scheduled_time_s is None:
                 request.first_scheduled_time_s = time.monotonic()
             self.running.append(request)
-            scheduled.append(self._scheduled(request, num_new))
+            self._add(output, request, num_new, [])
             budget -= num_new
 
     def _preempt(self, request: Request) -> None:
@@ -107,25 +128,49 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.draft_ids = []
+        self._forget_on_workers(request)
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+    def _forget_on_workers(self, request: Request) -> None:
+        if request.num_block_ids_sent:
+            self._freed_ids.append(request.request_id)
+        request.num_output_ids_sent = request.num_block_ids_sent = 0
+
+    def _add(self, output: SchedulerOutput, request: Request, num_new: int, drafts: list[int]):
+        """Schedule `num_new` history tokens and `drafts` of `request`, with what the workers do
+        not know about it yet."""
+        if request.num_block_ids_sent == 0:
+            output.new_requests.append(
+                NewRequestData(
+                    request.request_id,
+                    request.prompt_ids,
+                    request.sampling,
+                    request.adapter_id,
+                    request.multimodal_inputs,
+                )
+            )
         start = request.num_computed_tokens
         end = start + num_new
+        new_block_ids = self.kv.block_ids(request.request_id, request.num_block_ids_sent)
+        new_token_ids = request.output_ids[request.num_output_ids_sent :]
+        request.num_block_ids_sent += len(new_block_ids)
+        request.num_output_ids_sent = request.num_output_tokens
         want_prompt_logprobs = (
             request.sampling.prefill_logprobs and not request.prompt_logprobs_sent
         )
-        return ScheduledRequest(
-            request_id=request.request_id,
-            input_ids=request.all_token_ids[start:end],
-            start_pos=start,
-            block_ids=self.kv.block_ids(request.request_id),
-            sample=end == request.num_tokens,
-            sampling=request.sampling,
-            prompt_ids=request.prompt_ids,
-            output_ids=request.output_ids,
-            prefill_logprobs=want_prompt_logprobs and start < request.num_prompt_tokens,
+        output.requests.append(
+            ScheduledRequest(
+                request_id=request.request_id,
+                start_pos=start,
+                num_tokens=num_new,
+                new_token_ids=new_token_ids,
+                new_block_ids=new_block_ids,
+                draft_ids=drafts,
+                sample=end == request.num_tokens,
+                prefill_logprobs=want_prompt_logprobs and start < request.num_prompt_tokens,
+            )
         )
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
@@ -135,21 +180,39 @@ class Scheduler:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += scheduled.num_tokens
+            sampled = model_output.sampled.get(scheduled.request_id) if scheduled.sample else None
+            tokens, reason = self._append(request, sampled or [])
+            num_accepted = max(len(tokens) - 1, 0)  # drafts kept; the last token is new
+            self.num_draft_tokens += len(scheduled.draft_ids)
+            self.num_accepted_draft_tokens += num_accepted
+            request.num_computed_tokens += scheduled.num_tokens + num_accepted
+            request.draft_ids = []
             self.kv.cache_computed_blocks(request)
             logprobs = model_output.prefill_logprobs.get(scheduled.request_id)
             if logprobs is not None:
                 self._gather_prompt_logprobs(request, scheduled.start_pos, logprobs)
-            sampled = model_output.sampled.get(scheduled.request_id)
-            if not scheduled.sample or sampled is None:
+            if not tokens:
                 continue
-            request.output_ids.append(sampled.token_id)
-            reason = check_stop(request, sampled.token_id)
-            deltas.append(make_delta(request, sampled, reason))
+            deltas.append(make_delta(request, tokens, reason))
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
+            elif self.proposer is not None:
+                room = request.stopping.max_new_tokens - request.num_output_tokens - 1
+                request.draft_ids = self.proposer.propose(request, room)
         return deltas
+
+    @staticmethod
+    def _append(
+        request: Request, sampled: list[SampledToken]
+    ) -> tuple[list[SampledToken], FinishReason | None]:
+        """Append sampled tokens until one stops the request; returns those appended."""
+        for i, token in enumerate(sampled):
+            request.output_ids.append(token.token_id)
+            reason = check_stop(request, token.token_id)
+            if reason is not None:
+                return sampled[: i + 1], reason
+        return sampled, None
 
     def fail(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         """The step raised: finish every request it ran with `error` (TGI drops the whole batch)."""
@@ -167,8 +230,7 @@ class Scheduler:
         self, request: Request, start_pos: int, logprobs: list[float]
     ) -> None:
         """Keep the logprobs of prompt positions not gathered yet (a recompute repeats earlier
-        ones).
-        """
+        ones)."""
         have = len(request.prompt_logprobs)
         skip = have - start_pos
         if skip >= 0:
@@ -178,8 +240,10 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.kv.free(request)
+        self._forget_on_workers(request)
+        if self.proposer is not None:
+            self.proposer.free(request.request_id)
         del self.requests[request.request_id]
-        self._finished_ids.append(request.request_id)
 
     @property
     def num_batch_tokens(self) -> int:

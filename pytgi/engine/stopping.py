@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from pytgi.engine.outputs import RequestOutput, SampledToken, TokenOutput
+from pytgi.engine.outputs import RequestOutput, SampledToken
 from pytgi.engine.request import FinishReason, Request
 
 
@@ -22,18 +22,18 @@ def check_stop(request: Request, token_id: int) -> FinishReason | None:
 
 
 def make_delta(
-    request: Request, sampled: SampledToken, reason: FinishReason | None
+    request: Request, tokens: list[SampledToken], reason: FinishReason | None
 ) -> RequestOutput:
-    token = TokenOutput(sampled.token_id, sampled.logprob, sampled.top_ids, sampled.top_logprobs)
+    """The delta of a step that appended `tokens` (already in request.output_ids)."""
     delta = RequestOutput(
         request_id=request.request_id,
-        new_tokens=[token],
+        new_tokens=tokens,
         finished=reason is not None,
         finish_reason=reason,
         num_prompt_tokens=request.num_prompt_tokens,
         num_cached_tokens=request.num_cached_prompt_tokens,
     )
-    if request.num_output_tokens == 1:
+    if request.num_output_tokens == len(tokens):  # the request's first tokens
         first = request.first_scheduled_time_s or time.monotonic()
         delta.queue_time_s = first - request.arrival_time_s
     if request.sampling.prefill_logprobs and not request.prompt_logprobs_sent:

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from pytgi.backends.cpu.kernels import cpu_kernels_for
+from pytgi.layers.custom_op import CustomOp
 
 
-class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        ops = cpu_kernels_for(x)
-        if ops is not None and x.dim() == 2 and x.is_contiguous():
-            return ops.silu_and_mul(x)  # one pass instead of two strided ops (and their outputs)
+class SiluAndMul(CustomOp):
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)  # [T, I] each
         return F.silu(gate) * up  # [T, I]
 
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or not x.is_contiguous():
+            return self.forward_native(x)
+        return self.kernels.silu_and_mul(x)  # one pass instead of two strided ops (and outputs)
 
-class GeluAndMul(nn.Module):
+
+class GeluAndMul(CustomOp):
     def __init__(self, approximate: str = "none"):
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)  # [T, I] each
         return F.gelu(gate, approximate=self.approximate) * up  # [T, I]
 

@@ -1,7 +1,9 @@
-"""The attention layer: stores this step's K/V in its cache and attends through the backend.
+"""The attention layer: stores this step's K/V in its cache and attends through its backend impl.
 
-Per-step metadata (slot mapping, gather indices, masks) comes from the forward context, so model
-code passes only q, k and v. The KV cache tensors are bound by the ModelRunner after allocation.
+When built, a layer fixes its `AttentionParams`, gets its implementation from the build context's
+attention backend, and declares the KV cache it needs (`kv_cache_spec`). Per step, the forward
+context carries the backend's metadata and the caches, keyed by the layer's name (its module
+path), so model code passes only q, k and v.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pytgi.backends.base import AttentionParams, KVCacheSpec, kv_cache_spec
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.forward_context import get_forward_context
 
 
@@ -20,17 +24,52 @@ class Attention(nn.Module):
         scale: float,
         num_kv_heads: int,
         sliding_window: int | None = None,
+        *,
+        prefix: str,
+        logits_soft_cap: float | None = None,
+        alibi_slopes: tuple[float, ...] | None = None,
+        head_size_v: int | None = None,
     ):
         super().__init__()
-        self.num_heads, self.head_dim, self.num_kv_heads = num_heads, head_dim, num_kv_heads
-        self.scale = scale
-        self.sliding_window = sliding_window
-        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        context = current_build_context()
+        self.layer_name = prefix
+        self.params = AttentionParams(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_dim,
+            scale=scale,
+            head_size_v=head_size_v,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+            alibi_slopes=alibi_slopes,
+        )
+        self.impl = context.attention_backend().make_impl(self.params)
+        self._kv_cache_spec = kv_cache_spec(self.params, context.dtype)
+
+    @property
+    def num_heads(self) -> int:
+        return self.params.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.params.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.params.head_size
+
+    @property
+    def scale(self) -> float:
+        return self.params.scale
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.params.sliding_window
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return self._kv_cache_spec
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, H, D], k/v [T, KVH, D] -> [T, H, D]."""
-        assert self.kv_cache is not None, "KV cache not bound (ModelRunner.bind_kv_cache)"
+        """q [T, H, D], k [T, KVH, D], v [T, KVH, Dv] -> [T, H, Dv]."""
         ctx = get_forward_context()
-        return ctx.backend.forward(
-            q, k, v, self.kv_cache, ctx.attn_metadata, self.scale, self.sliding_window
-        )
+        return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_name], ctx.attn_metadata)

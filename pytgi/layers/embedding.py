@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.quantization.base import set_weight_attrs
 from pytgi.layers.quantization.unquantized import TILE, pack_column_tiles, packed_matmul
 
@@ -77,6 +77,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype=None):
         super().__init__(num_embeddings, embedding_dim, params_dtype)
         self.tied_embedding: VocabParallelEmbedding | None = None
+        self.kernels = current_build_context().kernels
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding's matrix (tie_word_embeddings)."""
@@ -87,8 +88,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
-        kernels = cpu_kernels_for(weight) is not None
-        self.blocks = pack_column_tiles(weight.data, TILE if kernels else VOCAB_BLOCK)
+        width = TILE if self.kernels is not None else VOCAB_BLOCK
+        self.blocks = pack_column_tiles(weight.data, width)
         if self.tied_embedding is not None:
             self.tied_embedding.blocks = self.blocks
         weight.data = weight.data.new_empty(0, self.embedding_dim)  # the blocks hold it now
@@ -97,7 +98,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden [N, D] -> this rank's logits [N, num_local]."""
         if self.blocks is None:
             return F.linear(hidden, self.weight)
-        return packed_matmul(hidden, self.blocks)[:, : self.num_local]
+        return packed_matmul(hidden, self.blocks, None, self.kernels)[:, : self.num_local]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""

@@ -1,8 +1,10 @@
-"""The per-forward context: what attention layers read instead of taking metadata arguments.
+"""The per-forward context: what layers read instead of taking per-step arguments.
 
-The ModelRunner wraps each forward in `forward_context(...)`; `layers.attention.Attention` calls
-`get_forward_context()`. Set for exactly one forward; nesting is a bug. It lives in `layers/` (not
-`worker/`, where DESIGN.md first put it) so that imports keep pointing downward.
+The ModelRunner wraps each forward in `forward_context(...)`: the attention backend's metadata for
+the step, every attention layer's KV cache (by layer name), and, when the runner's decode-step
+accelerator takes this step, the callable that runs the whole decoder stack. Set for exactly one
+forward; nesting is a bug. It lives in `layers/` (not `worker/`) so that imports keep pointing
+downward.
 """
 
 from __future__ import annotations
@@ -12,23 +14,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from pytgi.backends.base import AttentionBackend
+from pytgi.backends.base import FusedLayers, KVCache
 
 
 @dataclass
 class ForwardContext:
-    backend: AttentionBackend
-    attn_metadata: Any  # the backend's per-step metadata
+    attn_metadata: Any  # the attention backend's per-step metadata
+    kv_caches: dict[str, KVCache]  # attention layer name -> its cache
+    fused_layers: FusedLayers | None = None  # the accelerator's decoder stack for this step
 
 
 _CONTEXT: ForwardContext | None = None
 
 
 @contextmanager
-def forward_context(backend: AttentionBackend, attn_metadata: Any) -> Iterator[ForwardContext]:
+def forward_context(
+    attn_metadata: Any, kv_caches: dict[str, KVCache], fused_layers: FusedLayers | None = None
+) -> Iterator[ForwardContext]:
     global _CONTEXT
     assert _CONTEXT is None, "forward_context does not nest"
-    _CONTEXT = ForwardContext(backend, attn_metadata)
+    _CONTEXT = ForwardContext(attn_metadata, kv_caches, fused_layers)
     try:
         yield _CONTEXT
     finally:
@@ -36,5 +41,5 @@ def forward_context(backend: AttentionBackend, attn_metadata: Any) -> Iterator[F
 
 
 def get_forward_context() -> ForwardContext:
-    assert _CONTEXT is not None, "attention ran outside a forward_context"
+    assert _CONTEXT is not None, "a layer ran outside a forward_context"
     return _CONTEXT

@@ -15,6 +15,7 @@ from torch import nn
 from pytgi.distributed.comm import tp_all_reduce
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
 from pytgi.layers.quantization.unquantized import UnquantizedLinearMethod
 
@@ -57,8 +58,9 @@ class LinearBase(nn.Module):
         self.input_size = input_size
         self.output_size = sum(output_partition_sizes)
         params_dtype = params_dtype or torch.get_default_dtype()
-        method = quant_config.get_linear_method(prefix) if quant_config else None
-        self.quant_method = method or UnquantizedLinearMethod()
+        kernels = current_build_context().kernels
+        method = quant_config.get_linear_method(prefix, kernels) if quant_config else None
+        self.quant_method = method or UnquantizedLinearMethod(kernels)
         self.quant_method.create_weights(
             self, input_size, output_partition_sizes, params_dtype, self.weight_loader
         )

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi.backends.cpu.kernels import cpu_kernels_for
+from pytgi.layers.custom_op import CustomOp
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(CustomOp):
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype=None):
         super().__init__()
         self.eps = eps
@@ -23,19 +23,20 @@ class RMSNorm(nn.Module):
         normed = F.rms_norm(x.float(), shape, None, self.eps)  # [..., D]
         return self.weight * normed.to(x.dtype)
 
-    def forward(
+    def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """norm(x), or with `residual`: (norm(residual + x), residual + x) for pre-norm blocks.
-        The compiled CPU kernel writes residual + x into `residual` (its owner, the decoder
-        stack, never reads the old value again)."""
-        ops = cpu_kernels_for(x)
-        if ops is not None and x.is_contiguous() and self.weight.dtype == torch.float32:
-            if residual is None:
-                return ops.rms_norm(x, self.weight, self.eps)
-            if residual.is_contiguous():
-                return ops.add_rms_norm_(x, residual, self.weight, self.eps), residual
+        """norm(x), or with `residual`: (norm(residual + x), residual + x) for pre-norm blocks."""
         if residual is None:
             return self._norm(x)
         x = residual + x
         return self._norm(x), x
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The compiled kernel writes residual + x into `residual` (its owner, the decoder stack,
+        never reads the old value again)."""
+        if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
+            return self.forward_native(x, residual)
+        if residual is None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.add_rms_norm_(x, residual, self.weight, self.eps), residual

@@ -1,9 +1,10 @@
 """Rotary position embeddings (neox / rotate-half layout) and their scaling variants.
 
-`get_rope(...)` builds one `RotaryEmbedding` per model. Its forward maps the step's positions to
-(cos, sin) once per step; every attention layer then calls `apply_rotary`. The inverse frequencies
-of each variant (`ROPE_SCALINGS`: default, linear, dynamic, yarn, llama3) follow the published
-formulas and are checked against transformers' `ROPE_INIT_FUNCTIONS`.
+`get_rope(...)` builds one `RotaryEmbedding` per model, with its cos/sin table for every position
+the model serves (built once, when the model is built). Its forward maps the step's positions to
+(cos, sin) once per step; every attention layer then rotates q and k with its `ApplyRotary`. The
+inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear, dynamic, yarn, llama3)
+follow the published formulas and are checked against transformers' `ROPE_INIT_FUNCTIONS`.
 
 Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
 frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
@@ -21,8 +22,9 @@ import math
 import torch
 from torch import nn
 
-from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.errors import ModelLoadError
+from pytgi.layers.build_context import current_build_context
+from pytgi.layers.custom_op import CustomOp
 
 
 def default_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -34,11 +36,16 @@ def _linear(dim, base, max_position, scaling):
     return default_inv_freq(dim, base) / scaling["factor"], 1.0
 
 
-def _dynamic(dim, base, max_position, scaling, seq_len: int | None = None):
-    seq_len = max(seq_len or max_position, max_position)
+def _dynamic(dim, base, max_position, scaling, seq_len=None):
+    """NTK-aware scaling for a sequence of `seq_len` tokens (an int, or a tensor [L] of lengths
+    for one row of frequencies each: [L, dim/2])."""
+    if seq_len is None:
+        return default_inv_freq(dim, base), 1.0
     factor = scaling["factor"]
-    base = base * ((factor * seq_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
-    return default_inv_freq(dim, base), 1.0
+    lengths = torch.as_tensor(seq_len, dtype=torch.float64).clamp(min=max_position)
+    bases = base * ((factor * lengths / max_position) - (factor - 1)) ** (dim / (dim - 2))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).double() / dim  # [dim/2]
+    return (1.0 / bases.unsqueeze(-1) ** exponents).float(), 1.0
 
 
 def _llama3(dim, base, max_position, scaling):
@@ -86,8 +93,6 @@ def _yarn(dim, base, max_position, scaling):
     return interpolated * (1 - keep) + extrapolated * keep, float(attn_factor)
 
 
-INITIAL_TABLE_POSITIONS = 8192  # the cos/sin table grows on demand (128k positions = 128 MiB)
-
 ROPE_SCALINGS = {
     "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
     "linear": _linear,
@@ -98,9 +103,17 @@ ROPE_SCALINGS = {
 
 
 class RotaryEmbedding(nn.Module):
-    """positions -> (cos, sin) [T, 1, rotary_dim] for `apply_rotary`; the table grows on demand."""
+    """positions -> (cos, sin) [T, 1, rotary_dim] for `ApplyRotary`, from a table of
+    `num_positions` rows (the build context's max_model_len when longer than max_position)."""
 
-    def __init__(self, rotary_dim: int, base: float, max_position: int, scaling: dict | None):
+    def __init__(
+        self,
+        rotary_dim: int,
+        base: float,
+        max_position: int,
+        scaling: dict | None,
+        num_positions: int | None = None,
+    ):
         super().__init__()
         self.rotary_dim, self.base, self.max_position = rotary_dim, base, max_position
         self.scaling = scaling or {"rope_type": "default"}
@@ -110,7 +123,7 @@ class RotaryEmbedding(nn.Module):
                 f"unsupported rope_scaling type '{self.rope_type}' "
                 f"(supported: {', '.join(sorted(ROPE_SCALINGS))})"
             )
-        self._build_table(min(max_position, INITIAL_TABLE_POSITIONS))
+        self._build_table(max(max_position, num_positions or 0))
 
     def _inv_freqs(self, length: int) -> tuple[torch.Tensor, float]:
         """Frequencies [dim/2] shared by all positions, or [length, dim/2] (dynamic, long)."""
@@ -119,8 +132,8 @@ class RotaryEmbedding(nn.Module):
         if self.rope_type != "dynamic" or length <= self.max_position:
             return fn(*args)
         # beyond the trained length, position p uses the frequencies for a sequence of p + 1
-        rows = [fn(*args)[0].expand(self.max_position, -1)]
-        rows += [fn(*args, p + 1)[0].unsqueeze(0) for p in range(self.max_position, length)]
+        longer = torch.arange(self.max_position + 1, length + 1, dtype=torch.float64)  # [L - M]
+        rows = [fn(*args)[0].expand(self.max_position, -1), fn(*args, longer)[0]]
         return torch.cat(rows), 1.0
 
     def _build_table(self, length: int) -> None:
@@ -132,9 +145,8 @@ class RotaryEmbedding(nn.Module):
         self.sin_table = torch.cat([-sin, sin], dim=-1)  # [L, dim]
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """positions [T] -> (cos, signed sin), each [T, 1, rotary_dim] in `dtype`."""
-        if positions.numel() and int(positions.max()) >= self.cos_table.shape[0]:
-            self._build_table(max(int(positions.max()) + 1, 2 * self.cos_table.shape[0]))
+        """positions [T] (each < the table's length) -> (cos, signed sin), each [T, 1,
+        rotary_dim] in `dtype`."""
         cos = self.cos_table.index_select(0, positions).to(dtype).unsqueeze(1)  # [T, 1, dim]
         sin = self.sin_table.index_select(0, positions).to(dtype).unsqueeze(1)  # [T, 1, dim]
         return cos, sin
@@ -152,18 +164,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([out, x[..., rotary_dim:]], dim=-1)
 
 
-def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`apply_rotary` that may rotate x in place (the compiled CPU kernel does; the torch path
-    returns a new tensor). Use the return value; x must not be needed unrotated afterwards."""
-    ops = cpu_kernels_for(x)
-    if ops is None:
+class ApplyRotary(CustomOp):
+    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU kernel rotates x
+    in place, the reference returns a new tensor: use the return value, and do not need x
+    unrotated afterwards."""
+
+    def forward_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return apply_rotary(x, cos, sin)
-    ops.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
-    return x
+
+    def forward_cpu(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
+        return x
 
 
 def get_rope(
     head_dim: int, rotary_dim: int, max_position: int, base: float, scaling: dict | None
 ) -> RotaryEmbedding:
     assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
-    return RotaryEmbedding(rotary_dim, base, max_position, scaling)
+    num_positions = current_build_context().max_model_len
+    return RotaryEmbedding(rotary_dim, base, max_position, scaling, num_positions)

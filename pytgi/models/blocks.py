@@ -1,13 +1,11 @@
-"""Shared decoder blocks for Llama-family models; variations are flags on `ModelSpec`, not branches
-on model type: q/k/v and output bias, per-head q/k RMSNorm (Qwen3), attention scale and residual
-multiplier (Granite), per-layer sliding window (Mistral, Qwen2).
+"""Shared decoder blocks for Llama-family models; variations are flags on `DecoderSpec`, not
+branches on model type: q/k/v and output bias, per-head q/k RMSNorm (Qwen3), attention scale and
+residual multiplier (Granite), per-layer sliding window (Mistral, Qwen2).
 
-`DecoderStack` runs the layers in order, or, for a step of decode rows only on CPU fp32 with the
-compiled kernels, all of them in one call of the fused decode kernel
-(backends/cpu/csrc/decode_stack.cpp): the arithmetic of the layers' own kernels, without ~10
-Python calls and parallel regions per layer. Each block hands the kernel its tensors
-(`fused_decode_tensors`) or None when it cannot run there (quantized or tensor-parallel weights,
-an activation other than SiLU), and the stack then stays on the layer-by-layer path.
+`DecoderStack` runs the layers in order, unless the step's forward context carries a decode-step
+accelerator's replacement for the whole stack (the model runner decides that per step). For the
+accelerator, each block hands over its tensors (`fused_decode_tensors`), or None when its weights
+are not in the plain packed layout (quantized, tensor-parallel, no kernels).
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pytgi import envs
-from pytgi.backends.cpu.attention import CpuAttentionMetadata
-from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.errors import ModelLoadError
-from pytgi.layers.activation import ACTIVATIONS, SiluAndMul
+from pytgi.layers.activation import ACTIVATIONS
 from pytgi.layers.attention import Attention
 from pytgi.layers.forward_context import get_forward_context
 from pytgi.layers.linear import (
@@ -31,8 +26,8 @@ from pytgi.layers.linear import (
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.quantization.unquantized import UnquantizedLinearMethod
-from pytgi.layers.rotary import apply_rotary_
-from pytgi.models.config import ModelSpec
+from pytgi.layers.rotary import ApplyRotary
+from pytgi.models.config import DecoderSpec
 
 FusedTensors = dict[str, torch.Tensor]
 
@@ -55,7 +50,7 @@ def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
 
 class RopeAttention(nn.Module):
     def __init__(
-        self, spec: ModelSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+        self, spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
     ):
         super().__init__()
         self.head_dim = spec.head_dim
@@ -85,17 +80,19 @@ class RopeAttention(nn.Module):
             spec.head_dim,
             spec.attention_scale,
             self.num_kv_heads,
-            spec.sliding_windows[layer_idx],
+            spec.sliding_window(layer_idx),
+            prefix=f"{prefix}.attn",
         )
+        self.rotate = ApplyRotary()
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
         if self.qk_norm:
-            q = apply_rotary_(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
-            k = apply_rotary_(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
+            q = self.rotate(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
+            k = self.rotate(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
         else:  # q and k heads are adjacent: rotate them in one go (qkv is ours to overwrite)
-            qk = apply_rotary_(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
+            qk = self.rotate(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
             q, k = qk[:, :h], qk[:, h:]
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
@@ -111,7 +108,7 @@ class RopeAttention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None, prefix: str):
+    def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None, prefix: str):
         super().__init__()
         if spec.hidden_act not in ACTIVATIONS:
             raise ModelLoadError(
@@ -139,7 +136,7 @@ class GatedMLP(nn.Module):
 
     def fused_decode_tensors(self) -> FusedTensors | None:
         gate_up, down = _packed(self.gate_up_proj, "gate_up"), _packed(self.down_proj, "down")
-        if gate_up is None or down is None or not isinstance(self.act_fn, SiluAndMul):
+        if gate_up is None or down is None:
             return None
         return gate_up | down
 
@@ -148,7 +145,7 @@ class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so each norm fuses the add."""
 
     def __init__(
-        self, spec: ModelSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+        self, spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
     ):
         super().__init__()
         self.self_attn = RopeAttention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
@@ -182,73 +179,27 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderStack(nn.ModuleList):
-    """The decoder layers (parameter names `layers.{i}`). A decode-only step on CPU runs them all
-    through the compiled `DecodeStack` (built on first use over the layers' packed weights; the
-    KV caches go in per call because the ModelRunner may reallocate them); any other step, or a
-    model the kernel cannot run, goes layer by layer."""
+    """The decoder layers (parameter names `layers.{i}`), run layer by layer unless the forward
+    context hands this step to a decode-step accelerator."""
 
-    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None, prefix: str):
+    def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None, prefix: str):
         super().__init__(
             DecoderLayer(spec, i, quant_config, f"{prefix}.{i}") for i in range(spec.num_layers)
         )
-        self.spec = spec
-        self._fused = None  # the compiled DecodeStack once built; False when it cannot run
 
     def forward(self, hidden, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [T, hidden], cos / sin [T, 1, rotary_dim] -> (hidden, residual) [T, hidden]
         each: the final norm's input is their sum."""
-        metadata = get_forward_context().attn_metadata
-        if isinstance(metadata, CpuAttentionMetadata) and metadata.is_decode_only:
-            fused = self._fused_stack(hidden)
-            if fused is not None:
-                return self._fused_forward(fused, metadata, hidden, cos, sin)
+        fused = get_forward_context().fused_layers
+        if fused is not None:
+            return fused(hidden, cos, sin)
         residual = None
         for layer in self:
             hidden, residual = layer(hidden, residual, cos, sin)
         return hidden, residual
 
-    def _fused_forward(self, fused, metadata: CpuAttentionMetadata, hidden, cos, sin):
-        tables, seq_lens = metadata.decode_tables  # [B, W], [B]
-        caches = [layer.self_attn.attn.kv_cache for layer in self]
-        return fused.forward(
-            hidden.contiguous(),
-            cos.squeeze(1),
-            sin.squeeze(1),
-            metadata.slot_mapping,
-            tables,
-            seq_lens,
-            metadata.batch.block_size,
-            [k for k, _ in caches],
-            [v for _, v in caches],
-        )
-
-    def _fused_stack(self, hidden: torch.Tensor):
-        """The compiled stack over the layers' weights, built on first use; None where it cannot
-        run: no kernels for `hidden`, a layer without fused tensors, a non-fp32 KV cache."""
-        ops = cpu_kernels_for(hidden)
-        if ops is None or not envs.fused_decode_enabled():
-            return None
-        if self._fused is None:
-            self._fused = self._build(ops) or False
-        cache = self[0].self_attn.attn.kv_cache
-        if not self._fused or cache is None or cache[0].dtype != torch.float32:
-            return None
-        return self._fused
-
-    def _build(self, ops):
-        layers = [layer.fused_decode_tensors() for layer in self]
-        if any(tensors is None for tensors in layers):
-            return None
-        spec, attention = self.spec, self[0].self_attn
-        return ops.DecodeStack(
-            hidden_size=spec.hidden_size,
-            num_heads=attention.num_heads,
-            num_kv_heads=attention.num_kv_heads,
-            head_dim=spec.head_dim,
-            intermediate_size=spec.intermediate_size,
-            eps=spec.rms_norm_eps,
-            scale=attention.attn.scale,
-            residual_multiplier=spec.residual_multiplier,
-            layers=layers,
-            windows=[layer.self_attn.attn.sliding_window or 0 for layer in self],
-        )
+    def fused_decode_layers(self) -> list[tuple[str, dict[str, torch.Tensor]]] | None:
+        """(attention layer name, packed tensors) per layer, or None when a layer's weights are
+        not in the plain packed layout."""
+        layers = [(layer.self_attn.attn.layer_name, layer.fused_decode_tensors()) for layer in self]
+        return None if any(tensors is None for _, tensors in layers) else layers

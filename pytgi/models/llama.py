@@ -1,5 +1,5 @@
 """Llama-family causal LM: Llama 2/3/3.x, CodeLlama, Mistral, Qwen2, Qwen3 and Granite (registry
-aliases with flags on `ModelSpec`). Parameter names follow the HF checkpoints except the fused
+aliases with flags on `DecoderSpec`). Parameter names follow the HF checkpoints except the fused
 `qkv_proj` and `gate_up_proj` (see `packed_modules_mapping`).
 """
 
@@ -12,18 +12,19 @@ from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import get_rope
+from pytgi.models.base import CausalLM
 from pytgi.models.blocks import DecoderStack
-from pytgi.models.config import ModelSpec
+from pytgi.models.config import DecoderSpec, decoder_spec_from_hf
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None = None):
+    def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
         self.embedding_multiplier = spec.embedding_multiplier
         self.rotary_emb = get_rope(
             spec.head_dim,
-            spec.rotary_dim,
+            spec.rotary_size,
             spec.max_position_embeddings,
             spec.rope_theta,
             spec.rope_scaling,
@@ -41,8 +42,7 @@ class LlamaModel(nn.Module):
         return self.norm(hidden, residual)[0]
 
 
-class LlamaForCausalLM(nn.Module):
-    # checkpoint module name -> (fused parameter module, shard id)
+class LlamaForCausalLM(CausalLM):
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -51,27 +51,27 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, spec: ModelSpec, quant_config: QuantConfig | None = None):
+    def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None = None):
         super().__init__()
+        self.spec = spec
         self.model = LlamaModel(spec, quant_config)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
-        self.tie_word_embeddings = spec.tie_word_embeddings
         self.logits_scaling = spec.logits_scaling
 
-    def is_ignored_weight(self, name: str) -> bool:
-        """Checkpoint tensors with no parameter here: stale rotary buffers, a tied head's copy."""
-        return "rotary_emb.inv_freq" in name or (
-            self.tie_word_embeddings and name == "lm_head.weight"
-        )
+    @classmethod
+    def spec_from_hf(cls, hf_config, architecture: str, flags: dict) -> DecoderSpec:
+        return decoder_spec_from_hf(hf_config, architecture, flags)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """hidden [N, hidden] -> logits [N, vocab] on rank 0 (None on other ranks)."""
         logits = self.lm_head.compute_logits(hidden)
         if logits is not None and self.logits_scaling != 1.0:
             logits = logits / self.logits_scaling
         return logits
+
+    def fused_decode_layers(self):
+        return self.model.layers.fused_decode_layers()

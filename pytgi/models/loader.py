@@ -1,77 +1,115 @@
 """Builds a model from a checkpoint directory: config -> spec -> class (registry) -> weights.
 
-The loader only streams tensors and maps checkpoint names to parameters (including the model's
-packed q/k/v and gate/up shards); every parameter's own `weight_loader` checks shapes and takes its
-TP shard. Unknown tensors, missing tensors and shape mismatches are `ModelLoadError`s naming the
-tensor.
+`WeightMapper` turns each checkpoint tensor's name into (parameter, shard id, expert id) by the
+model's declarations (`models.base.CausalLM`): ignored names, renames, transposes, stacked experts,
+packed q/k/v and gate/up shards. Every parameter's own `weight_loader` checks shapes and takes its
+TP shard. Unknown tensors, missing tensors (named as the checkpoint would name them: the missing
+shard or expert included) and shape mismatches are `ModelLoadError`s.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
 
 from pytgi.config import ModelConfig
 from pytgi.errors import ModelLoadError
+from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
-from pytgi.models.config import ModelSpec, load_hf_config, model_spec_from_hf
+from pytgi.models.base import CausalLM
+from pytgi.models.config import ModelSpec, load_hf_config
 from pytgi.models.registry import get_model_class, resolve_architecture
 
 logger = logging.getLogger(__name__)
 
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+def default_weight_loader(param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
     load_part(param.data, loaded, None, 0, 1)
 
 
-def _map_name(name: str, packed: dict[str, tuple[str, object]]) -> tuple[str, object]:
-    for ckpt_module, (fused_module, shard_id) in packed.items():
-        if f".{ckpt_module}." in name:
-            return name.replace(f".{ckpt_module}.", f".{fused_module}."), shard_id
-    return name, None
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes."""
+
+    param_name: str
+    shard_id: Any = None
+    expert_id: int | None = None
+    transpose: bool = False
+
+    @property
+    def key(self) -> tuple:
+        return (self.param_name, self.shard_id, self.expert_id)
 
 
-def _required(model: nn.Module, packed: dict) -> set[tuple[str, object]]:
-    """(parameter name, shard id) pairs the checkpoint must provide."""
-    shards: dict[str, list] = {}
-    for fused_module, shard_id in packed.values():
-        shards.setdefault(fused_module, []).append(shard_id)
-    required = set()
-    for name, _ in model.named_parameters():
-        module_name = name.split(".")[-2] if "." in name else ""
-        for shard_id in shards.get(module_name, [None]):
-            required.add((name, shard_id))
-    return required
+class WeightMapper:
+    def __init__(self, model: CausalLM):
+        self.model = model
+        self.renames = [(re.compile(p), r) for p, r in model.weight_renames]
+        self.transposed = [re.compile(p) for p in model.transposed_weights]
+        self.packed = model.packed_modules_mapping
+        self.experts = model.expert_weight_mapping()
+
+    def target(self, name: str) -> Target | None:
+        """The parameter for checkpoint tensor `name`; None when the model ignores it."""
+        if self.model.is_ignored_weight(name):
+            return None
+        for pattern, replacement in self.renames:
+            name = pattern.sub(replacement, name)
+        transpose = any(p.search(name) for p in self.transposed)
+        for param_fragment, ckpt_fragment, expert_id, shard_id in self.experts:
+            if ckpt_fragment in name:
+                param_name = name.replace(ckpt_fragment, param_fragment)
+                return Target(param_name, shard_id, expert_id, transpose)
+        for ckpt_module, (fused_module, shard_id) in self.packed.items():
+            if f".{ckpt_module}." in name:
+                param_name = name.replace(f".{ckpt_module}.", f".{fused_module}.")
+                return Target(param_name, shard_id, None, transpose)
+        return Target(name, None, None, transpose)
+
+    def required(self) -> dict[tuple, str]:
+        """Every (parameter, shard, expert) the checkpoint must provide -> its checkpoint name."""
+        params = dict(self.model.named_parameters())
+        required: dict[tuple, str] = {}
+        covered: set[str] = set()
+        for param_fragment, ckpt_fragment, expert_id, shard_id in self.experts:
+            for name in params:
+                if param_fragment in name:
+                    ckpt = name.replace(param_fragment, ckpt_fragment)
+                    required[(name, shard_id, expert_id)] = ckpt
+                    covered.add(name)
+        for ckpt_module, (fused_module, shard_id) in self.packed.items():
+            for name in params:
+                if f".{fused_module}." in name and name not in covered:
+                    ckpt = name.replace(f".{fused_module}.", f".{ckpt_module}.")
+                    required[(name, shard_id, None)] = ckpt
+        packed_params = {k[0] for k in required}
+        for name in params:
+            if name not in packed_params:
+                required[(name, None, None)] = name
+        return required
 
 
-def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     params = dict(model.named_parameters())
-    packed = getattr(model, "packed_modules_mapping", {})
-    loaded: set[tuple[str, object]] = set()
+    mapper = WeightMapper(model)
+    loaded: set[tuple] = set()
     for name, tensor in weights:
-        if model.is_ignored_weight(name):
+        target = mapper.target(name)
+        if target is None:
             continue
-        param_name, shard_id = _map_name(name, packed)
-        param = params.get(param_name)
+        param = params.get(target.param_name)
         if param is None:
             raise ModelLoadError(f"unexpected tensor '{name}' in the checkpoint")
-        weight_loader = getattr(param, "weight_loader", default_weight_loader)
-        try:
-            if shard_id is None:
-                weight_loader(param, tensor)
-            else:
-                weight_loader(param, tensor, shard_id)
-        except ModelLoadError as e:
-            raise ModelLoadError(f"tensor '{name}': {e.message}") from None
-        loaded.add((param_name, shard_id))
-    missing = sorted(
-        f"{n}" + (f" ({s})" if s is not None else "") for n, s in _required(model, packed) - loaded
-    )
+        _load_one(param, tensor.t() if target.transpose else tensor, target, name)
+        loaded.add(target.key)
+    missing = sorted(ckpt for key, ckpt in mapper.required().items() if key not in loaded)
     if missing:
         shown = ", ".join(missing[:8]) + (
             f" and {len(missing) - 8} more" if len(missing) > 8 else ""
@@ -82,6 +120,19 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             module.quant_method.process_weights_after_loading(module)
         elif hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
+
+
+def _load_one(param, tensor: torch.Tensor, target: Target, name: str) -> None:
+    weight_loader = getattr(param, "weight_loader", default_weight_loader)
+    try:
+        if target.expert_id is not None:
+            weight_loader(param, tensor, target.shard_id, target.expert_id)
+        elif target.shard_id is not None:
+            weight_loader(param, tensor, target.shard_id)
+        else:
+            weight_loader(param, tensor)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"tensor '{name}': {e.message}") from None
 
 
 @contextmanager
@@ -104,17 +155,20 @@ def _quant_config(model_config: ModelConfig, hf_config):
 
 
 def build_model(
-    model_config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device
-) -> tuple[nn.Module, ModelSpec]:
-    """Instantiate the registered class for the checkpoint and load this rank's weights."""
+    model_config: ModelConfig, model_dir: Path, context: BuildContext, device: torch.device
+) -> tuple[CausalLM, ModelSpec]:
+    """Instantiate the registered class for the checkpoint and load this rank's weights; every
+    layer picks its implementation from `context` (the platform's decisions) while it is built."""
     from pytgi.models.weights import iter_weights
 
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)
     architecture, entry = resolve_architecture(getattr(hf_config, "architectures", None))
-    spec = model_spec_from_hf(hf_config, architecture, entry.flags)
+    model_class = get_model_class(entry)
+    spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
     quant_config = _quant_config(model_config, hf_config)
-    with _default_dtype(dtype), torch.device(device):
-        model = get_model_class(entry)(spec, quant_config)
+    dtype = context.dtype
+    with _default_dtype(dtype), torch.device(device), build_context(context):
+        model = model_class(spec, quant_config)
     load_weights(model, iter_weights(model_dir, allow_pickle=model_config.allow_pickle_weights))
     logger.info(
         "loaded %s (%s, %d layers) from %s", architecture, dtype, spec.num_layers, model_dir

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pytgi.engine.outputs import RequestOutput, TokenOutput
+from pytgi.engine.outputs import RequestOutput, SampledToken
 from pytgi.engine.request import FinishReason
 from pytgi.router.outputs import BestOfSequence, PrefillToken, Token
 from pytgi.router.stop import StopSequenceMatcher
@@ -89,7 +89,7 @@ class SequenceBuilder:
             top_tokens=self.top_tokens,
         )
 
-    def _add_token(self, out: TokenOutput) -> TokenStep:
+    def _add_token(self, out: SampledToken) -> TokenStep:
         special = self.tokenizer.is_special(out.token_id)
         text = self._detok.add(out.token_id)
         token = Token(out.token_id, text, out.logprob, special)

@@ -132,10 +132,8 @@ class Validator:
         top_k = _check_top_k(p.top_k)
         if p.max_new_tokens == 0:
             raise input_error("`max_new_tokens` must be strictly positive")
-        warped = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
-        do_sample = p.do_sample or warped
-        return SamplingParams(
-            do_sample=do_sample,
+        params = SamplingParams(
+            do_sample=p.do_sample,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
@@ -143,10 +141,10 @@ class Validator:
             repetition_penalty=repetition,
             frequency_penalty=frequency,
             watermark=p.watermark,
-            seed=self._seed(p.seed) if do_sample else None,
             top_n_tokens=p.top_n_tokens or 0,
             prefill_logprobs=p.decoder_input_details and self.enable_prefill_logprobs,
         )
+        return replace(params, seed=self._seed(p.seed)) if params.do_sample else params
 
     @staticmethod
     def _seed(seed: int | None) -> int:

@@ -1,6 +1,6 @@
-"""Per-step sampling inputs, rebuilt from the scheduled requests at every step.
+"""Per-step sampling inputs, rebuilt from the step's `SampleRow`s at every step.
 
-`SamplingMetadata.from_requests` reads each row's `SamplingParams` and token history once and builds
+`SamplingMetadata.from_rows` reads each row's `SamplingParams` and token history once and builds
 only the tensors some row needs: a processor whose parameter is neutral for every row is `None` and
 costs nothing. Parameters used by a subset of rows carry the row indices (`RowParams`), so filters
 like top-p sort only those rows. Nothing here is kept between steps.
@@ -14,10 +14,29 @@ from itertools import chain
 
 import torch
 
-from pytgi.engine.outputs import ScheduledRequest
 from pytgi.engine.sampling_params import SamplingParams
 
 RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One logits row to choose a token for: a request at the end of its history, or (verifying
+    speculation) at one of its draft tokens."""
+
+    request_id: str
+    sampling: SamplingParams
+    history: list[int]  # the request's tokens so far (prompt + generated); not copied
+    drafts: list[int]  # draft tokens between the history and this row
+    output_index: int  # which generated token this row chooses (seeds its draw)
+
+    @property
+    def last_token(self) -> int:
+        return self.drafts[-1] if self.drafts else self.history[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.history) + len(self.drafts)
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class SamplingMetadata:
     top_n: list[int]  # alternatives to report per row
     sample_rows: list[int]  # rows that sample; the others take the argmax
     sample_seeds: list[int]  # per sample row
-    sample_steps: list[int]  # per sample row: index of the token being generated (len(output_ids))
+    sample_steps: list[int]  # per sample row: index of the token being generated
     watermark_rows: list[int]
     watermark_prev_tokens: list[int]  # per watermark row: the last token of its history
     penalties: PenaltyInputs | None
@@ -83,12 +102,11 @@ class SamplingMetadata:
         return max(self.top_n, default=0)
 
     @classmethod
-    def from_requests(
-        cls, requests: list[ScheduledRequest], vocab_size: int, device: torch.device | str
+    def from_rows(
+        cls, rows: list[SampleRow], vocab_size: int, device: torch.device | str
     ) -> SamplingMetadata:
-        """Rows are `requests` in order (the ones sampling this step)."""
-        params = [r.sampling for r in requests]
-        sample_rows = [i for i, p in enumerate(params) if samples(p)]
+        params = [r.sampling for r in rows]
+        sample_rows = [i for i, p in enumerate(params) if p.do_sample]
         watermark_rows = [i for i, p in enumerate(params) if p.watermark]
         return cls(
             num_rows=len(params),
@@ -96,25 +114,15 @@ class SamplingMetadata:
             sample_rows=sample_rows,
             # the router always sets a seed for a sampling request; 0 stands in if one is missing
             sample_seeds=[params[i].seed or 0 for i in sample_rows],
-            sample_steps=[len(requests[i].output_ids) for i in sample_rows],
+            sample_steps=[rows[i].output_index for i in sample_rows],
             watermark_rows=watermark_rows,
-            watermark_prev_tokens=[last_token(requests[i]) for i in watermark_rows],
-            penalties=build_penalties(requests, vocab_size, device),
+            watermark_prev_tokens=[rows[i].last_token for i in watermark_rows],
+            penalties=build_penalties(rows, vocab_size, device),
             temperature=build_temperature(params, device),
             top_k=build_row_params(params, "top_k", 0, torch.int64, device),
             top_p=build_row_params(params, "top_p", 1.0, torch.float32, device),
             typical_p=build_row_params(params, "typical_p", 1.0, torch.float32, device),
         )
-
-
-def samples(p: SamplingParams) -> bool:
-    """As TGI: any active warper switches a request to sampling, whatever `do_sample` says."""
-    warped = p.temperature != 1.0 or p.top_k > 0 or p.top_p < 1.0 or p.typical_p < 1.0
-    return p.do_sample or warped
-
-
-def last_token(request: ScheduledRequest) -> int:
-    return request.output_ids[-1] if request.output_ids else request.prompt_ids[-1]
 
 
 def build_temperature(params: list[SamplingParams], device) -> torch.Tensor | None:
@@ -134,16 +142,14 @@ def build_row_params(
     return RowParams(rows=index_tensor(rows, len(params), device), values=values)
 
 
-def build_penalties(
-    requests: list[ScheduledRequest], vocab_size: int, device
-) -> PenaltyInputs | None:
+def build_penalties(rows: list[SampleRow], vocab_size: int, device) -> PenaltyInputs | None:
     """Count each row's history tokens on the CPU (no device sync), then move the pairs over."""
-    picked = [(i, r) for i, r in enumerate(requests) if has_penalty(r.sampling)]
+    picked = [(i, r) for i, r in enumerate(rows) if has_penalty(r.sampling)]
     if not picked:
         return None
-    histories = [chain(r.prompt_ids, r.output_ids) for _, r in picked]
+    histories = [chain(r.history, r.drafts) for _, r in picked]
     token_ids = torch.tensor(list(chain.from_iterable(histories)), dtype=torch.int64)  # [N]
-    lens = torch.tensor([len(r.prompt_ids) + len(r.output_ids) for _, r in picked])  # [P]
+    lens = torch.tensor([r.num_tokens for _, r in picked])  # [P]
     slots = torch.arange(len(picked)).repeat_interleave(lens)  # [N] row within P
     pairs, counts = torch.unique(slots * vocab_size + token_ids, return_counts=True)  # [U]
     slot_of_pair = pairs // vocab_size  # [U]

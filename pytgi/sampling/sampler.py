@@ -1,7 +1,9 @@
-"""Sampler: one step's logits → one `SampledToken` per request, as TGI chooses tokens (contract §7).
+"""Sampler: one step's logits → one `SampledToken` per row, as TGI chooses tokens (contract §7).
 
 Order: watermark → repetition penalty → frequency penalty → temperature → top-k → top-p →
-typical-p → greedy argmax or seeded sampling. The reported logprob is log_softmax of the processed
+typical-p → greedy argmax or seeded sampling. Each stage is a field of `SamplingMetadata` (None when
+no row needs it) and a step of `Sampler.process` at its place in that order: a new processor
+adds both. The reported logprob is log_softmax of the processed
 scores (as TGI), and top-n alternatives come from the same logprobs. Only the processors some row
 needs run; an all-greedy batch without penalties or watermark takes a fast path (argmax + one
 log_softmax).
@@ -18,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from pytgi.engine.outputs import SampledToken, ScheduledRequest
+from pytgi.engine.outputs import SampledToken
 from pytgi.sampling.logprobs import compute_top_n
-from pytgi.sampling.metadata import PenaltyInputs, SamplingMetadata
+from pytgi.sampling.metadata import PenaltyInputs, SampleRow, SamplingMetadata
 from pytgi.sampling.processors import (
     apply_frequency_penalty,
     apply_repetition_penalty,
@@ -41,25 +43,23 @@ class Sampler:
         self.vocab_size = vocab_size
         self.watermark = Watermark(vocab_size, watermark_gamma, watermark_delta)
 
-    def __call__(
-        self, logits: torch.Tensor, requests: list[ScheduledRequest]
-    ) -> list[SampledToken]:
-        """Choose the next token of every request.
+    def __call__(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
+        """Choose a token for every row.
 
-        logits: [num_requests, vocab] float32, row i belongs to requests[i] (those with
-        sample=True, batch order). Returns one SampledToken per row: token_id, logprob of the
-        chosen token, and the top `top_n_tokens` alternatives (ids + logprobs, best first; ties at
-        the n-th value all returned as TGI does). The input logits are not modified.
+        logits: [num_rows, vocab] float32, row i belongs to rows[i]. Returns one SampledToken per
+        row: token_id, logprob of the chosen token, and the top `top_n_tokens` alternatives (ids +
+        logprobs, best first; ties at the n-th value all returned as TGI does). The input logits
+        are not modified.
         """
-        if logits.dim() != 2 or logits.shape != (len(requests), self.vocab_size):
+        if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
             raise ValueError(
                 f"logits {tuple(logits.shape)} do not match "
-                f"[{len(requests)} requests, vocab {self.vocab_size}]"
+                f"[{len(rows)} rows, vocab {self.vocab_size}]"
             )
-        if not requests:
+        if not rows:
             return []
         logits = logits.float()  # [B, V]
-        md = SamplingMetadata.from_requests(requests, self.vocab_size, logits.device)
+        md = SamplingMetadata.from_rows(rows, self.vocab_size, logits.device)
         if md.all_greedy and not (md.any_penalty or md.any_watermark):
             token_ids = logits.argmax(dim=-1)  # [B]
             logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]

@@ -1,8 +1,9 @@
 """Executors: what the engine calls to run steps (`initialize`, `execute`, `shutdown`).
 
 `UniprocExecutor` runs the single rank in the engine process. `MultiprocExecutor` runs rank 0 there
-too and spawns ranks 1..N-1; each step's SchedulerOutput is broadcast from rank 0, every rank runs
-its shard, and only rank 0 samples. A rank that died turns the next step into an EngineDeadError.
+too and spawns ranks 1..N-1; rank 0 sends each step's inputs to the others (`step_transport`),
+every rank runs its shard, and only rank 0 samples. A rank that died turns the next step into an
+EngineDeadError.
 """
 
 from __future__ import annotations
@@ -10,34 +11,21 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from abc import ABC, abstractmethod
 
 import torch.multiprocessing as mp
 
 from pytgi.config import CacheInfo, EngineConfig
-from pytgi.distributed.comm import tp_broadcast_object
 from pytgi.distributed.parallel_state import destroy_distributed
+from pytgi.engine.executor import Executor
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import EngineDeadError
+from pytgi.worker.step_transport import send_step
 from pytgi.worker.worker import Worker, run_worker
 
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 300.0  # spawned ranks import torch and pytgi before they report in
-
-
-class Executor(ABC):
-    @abstractmethod
-    def initialize(self) -> CacheInfo:
-        """Load the model on every rank, warm up, size and allocate the KV cache."""
-
-    @abstractmethod
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        """Run one step; returns the sampled tokens (and prefill logprobs) keyed by request id."""
-
-    @abstractmethod
-    def shutdown(self) -> None: ...
 
 
 def _model_dir(config: EngineConfig):
@@ -146,7 +134,6 @@ class MultiprocExecutor(Executor):
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         self._check_ranks()
         try:
-            tp_broadcast_object(scheduler_output)
             return self.worker.execute(scheduler_output)
         except RuntimeError as e:
             self._check_ranks(wait_s=2.0, cause=e)
@@ -154,7 +141,7 @@ class MultiprocExecutor(Executor):
 
     def shutdown(self) -> None:
         if self.ready and all(p.is_alive() for p in self.procs):
-            tp_broadcast_object(None)  # the ranks leave their step loop
+            send_step(None)  # the ranks leave their step loop
         for proc in self.procs:
             proc.join(SHUTDOWN_TIMEOUT_S if self.ready else 0.0)
             if proc.is_alive():

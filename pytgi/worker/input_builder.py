@@ -1,87 +1,174 @@
-"""SchedulerOutput -> ForwardBatch: the flat, ragged tensors of one step, rebuilt from scratch each
-step.
+"""SchedulerOutput -> the flat, ragged tensors of one step, filled into buffers reused every step.
 
 Token order inside the batch is the worker's business: rows with a single query token (decodes) go
-first so attention can batch them (see `backends.base.AttentionBatch`), prefill rows follow. Logits
-rows are listed in the scheduler's request order, so sampled outputs line up with `requests`.
+first so attention can batch them (see `backends.base.AttentionBatch`), prefill rows and rows with
+draft tokens follow. Sampled rows are listed in the scheduler's request order (a request with k
+drafts has k + 1 consecutive rows), so sampled outputs line up with its requests.
+
+`ForwardInputs` is what every tensor-parallel rank needs for the forward (rank 0 sends it to the
+others as one int64 tensor, `worker.step_transport`); `StepPlan` is what only rank 0 needs to
+sample and to report prompt logprobs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pytgi.backends.base import AttentionBatch
-from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.outputs import SchedulerOutput
+from pytgi.sampling.metadata import SampleRow
+from pytgi.worker.request_states import RequestStates
 
 
 @dataclass
-class LogprobRow:
-    """A request that asked for prefill logprobs: its tokens are flat rows [start, start + num)."""
-
-    request: ScheduledRequest
-    start: int
-    num_tokens: int
-
-
-@dataclass
-class ForwardBatch:
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
+class ForwardInputs:
+    input_ids: torch.Tensor  # [T] int64, on the device
+    positions: torch.Tensor  # [T] int64, on the device
     attn: AttentionBatch
-    sample_indices: torch.Tensor  # [S] int64: flat row of each sampled request's last token
-    sampled_requests: list[ScheduledRequest]  # scheduler order, aligned with sample_indices
-    logprob_rows: list[LogprobRow]
+    logits_indices: torch.Tensor  # [S] int64, on the device: flat rows whose next token is chosen
+    logprob_spans: list[tuple[int, int]]  # (first flat row, count): prompt-logprob rows
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
 
 
+@dataclass
+class LogprobRequest:
+    """A request that asked for prompt logprobs: the targets of its rows in this step."""
+
+    request_id: str
+    start_pos: int
+    num_tokens: int
+    target_ids: list[int]  # the token after each of its rows, where known
+
+
+@dataclass
+class StepPlan:
+    sample_rows: list[SampleRow]  # aligned with ForwardInputs.logits_indices
+    num_rows_per_request: list[tuple[str, int]]  # (request id, rows): 1 + its number of drafts
+    logprob_requests: list[LogprobRequest]  # aligned with ForwardInputs.logprob_spans
+
+
+class StagingBuffers:
+    """Host int64 buffers reused every step (grown when a step needs more) and their device
+    copies. On CPU the device tensor is the host buffer itself (no copy)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self._host: dict[str, torch.Tensor] = {}
+        self._device: dict[str, torch.Tensor] = {}
+
+    def host(self, name: str, n: int) -> np.ndarray:
+        buffer = self._host.get(name)
+        if buffer is None or buffer.numel() < n:
+            size = max(n, 2 * (buffer.numel() if buffer is not None else 256))
+            buffer = torch.empty(size, dtype=torch.int64, pin_memory=self.pinned)
+            self._host[name] = buffer
+            self._device.pop(name, None)
+        return buffer.numpy()[:n]
+
+    def host_tensor(self, name: str, n: int) -> torch.Tensor:
+        return self._host[name][:n]
+
+    def to_device(self, name: str, n: int) -> torch.Tensor:
+        host = self._host[name][:n]
+        if self.device.type == "cpu":
+            return host
+        device = self._device.get(name)
+        if device is None:
+            device = torch.empty(self._host[name].numel(), dtype=torch.int64, device=self.device)
+            self._device[name] = device
+        return device[:n].copy_(host, non_blocking=True)
+
+
 class InputBuilder:
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, device: torch.device | None = None):
         self.block_size = block_size
+        self.buffers = StagingBuffers(device or torch.device("cpu"))
 
-    def _slots(self, r: ScheduledRequest) -> list[int]:
-        bs, blocks = self.block_size, r.block_ids
-        end = r.start_pos + r.num_tokens
-        assert len(blocks) * bs >= end, f"{r.request_id}: {len(blocks)} blocks for {end} tokens"
-        return [blocks[p // bs] * bs + p % bs for p in range(r.start_pos, end)]
-
-    def build(self, scheduler_output: SchedulerOutput) -> ForwardBatch:
+    def build(
+        self, scheduler_output: SchedulerOutput, states: RequestStates
+    ) -> tuple[ForwardInputs, StepPlan]:
         requests = scheduler_output.requests
         assert requests, "empty step"
-        order = sorted(range(len(requests)), key=lambda i: requests[i].num_tokens > 1)
-        input_ids, positions, slots, starts = [], [], [], [0] * len(requests)
-        for i in order:
-            r = requests[i]
-            starts[i] = len(input_ids)
-            input_ids.extend(r.input_ids)
-            positions.extend(range(r.start_pos, r.start_pos + r.num_tokens))
-            slots.extend(self._slots(r))
+        order = sorted(range(len(requests)), key=lambda i: requests[i].num_scheduled_tokens > 1)
         rows = [requests[i] for i in order]
+        row_states = [states[r.request_id] for r in rows]
+        counts = np.array([r.num_scheduled_tokens for r in rows], dtype=np.int64)  # [R]
+        starts = np.array([r.start_pos for r in rows], dtype=np.int64)  # [R]
+        num_rows, num_tokens = len(rows), int(counts.sum())
+        b = self.buffers
+        query_start_loc = b.host("query_start_loc", num_rows + 1)
+        query_start_loc[0] = 0
+        np.cumsum(counts, out=query_start_loc[1:])
+        seq_lens = b.host("seq_lens", num_rows)
+        np.add(starts, counts, out=seq_lens)
+        width = max(len(s.block_ids) for s in row_states)
+        table = b.host("block_table", num_rows * width).reshape(num_rows, width)
+        table.fill(0)
+        for i, state in enumerate(row_states):
+            table[i, : len(state.block_ids)] = state.block_ids
+        input_ids = b.host("input_ids", num_tokens)
+        input_ids[:] = [
+            t for r, s in zip(rows, row_states, strict=True) for t in s.step_token_ids(r)
+        ]
+        row_of_token = np.repeat(np.arange(num_rows), counts)  # [T]
+        offset_in_row = np.arange(num_tokens) - query_start_loc[row_of_token]  # [T]
+        positions = b.host("positions", num_tokens)
+        np.add(starts[row_of_token], offset_in_row, out=positions)
+        slots = b.host("slot_mapping", num_tokens)
+        bs = self.block_size
+        np.add(table[row_of_token, positions // bs] * bs, positions % bs, out=slots)
+        flat_start = dict(zip([r.request_id for r in rows], query_start_loc.tolist(), strict=False))
         attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            query_starts=[starts[i] for i in order],
-            num_queries=[r.num_tokens for r in rows],
-            start_positions=[r.start_pos for r in rows],
-            block_tables=[r.block_ids for r in rows],
-            block_size=self.block_size,
-            num_decode_rows=sum(r.num_tokens == 1 for r in rows),
+            query_start_loc=b.host_tensor("query_start_loc", num_rows + 1),
+            seq_lens=b.host_tensor("seq_lens", num_rows),
+            block_table=b.host_tensor("block_table", num_rows * width).view(num_rows, width),
+            slot_mapping=b.to_device("slot_mapping", num_tokens),
+            block_size=bs,
+            num_decode_rows=int((counts == 1).sum()),
         )
-        sampled = [i for i, r in enumerate(requests) if r.sample]
-        return ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
+        logits_indices, plan = self._plan(requests, states, flat_start)
+        inputs = ForwardInputs(
+            input_ids=b.to_device("input_ids", num_tokens),
+            positions=b.to_device("positions", num_tokens),
             attn=attn,
-            sample_indices=torch.tensor(
-                [starts[i] + requests[i].num_tokens - 1 for i in sampled], dtype=torch.int64
-            ),
-            sampled_requests=[requests[i] for i in sampled],
-            logprob_rows=[
-                LogprobRow(r, starts[i], r.num_tokens)
-                for i, r in enumerate(requests)
-                if r.prefill_logprobs
+            logits_indices=logits_indices,
+            logprob_spans=[
+                (flat_start[r.request_id], len(r.target_ids)) for r in plan.logprob_requests
             ],
         )
+        return inputs, plan
+
+    def _plan(self, requests, states: RequestStates, flat_start: dict[str, int]):
+        """The sampled rows (scheduler order) and the prompt-logprob requests of the step."""
+        indices, sample_rows, per_request, logprobs = [], [], [], []
+        for r in requests:
+            state = states[r.request_id]
+            if r.sample:
+                last = flat_start[r.request_id] + r.num_tokens - 1  # the last history token
+                for j in range(len(r.draft_ids) + 1):
+                    indices.append(last + j)
+                    sample_rows.append(
+                        SampleRow(
+                            r.request_id,
+                            state.sampling,
+                            state.token_ids,
+                            r.draft_ids[:j],
+                            state.num_output_tokens + j,
+                        )
+                    )
+                per_request.append((r.request_id, len(r.draft_ids) + 1))
+            if r.prefill_logprobs:
+                end = r.start_pos + r.num_tokens
+                targets = state.token_ids[r.start_pos + 1 : end + 1]
+                logprobs.append(LogprobRequest(r.request_id, r.start_pos, r.num_tokens, targets))
+        host = self.buffers.host("logits_indices", len(indices))
+        host[:] = indices
+        device = self.buffers.to_device("logits_indices", len(indices))
+        return device, StepPlan(sample_rows, per_request, logprobs)

@@ -1,27 +1,34 @@
-"""ModelRunner: one rank's model, KV cache and step execution.
+"""ModelRunner: one rank's model, KV caches and step execution.
 
 Life cycle (driven by the Worker): `load_model` -> `warm_up` (a dummy step through `execute`, on a
 temporary cache) -> `profile_num_blocks` -> `allocate_kv_cache(num_blocks)`; then `execute` per
-step. Only rank 0 gets logits back from the LM head, samples, and returns a `ModelOutput`.
+step on rank 0, `execute_inputs` on the other ranks (which get each step's inputs from rank 0).
+
+The runner owns what a step needs besides the model: the workers' request states, the input
+builder, the attention backend's metadata builder, the KV caches (allocated from the layers'
+`KVCacheSpec`s and handed to them through the forward context), the decode-step accelerator
+(asked per step whether it runs the decoder stack), and on rank 0 the sampler, which also verifies
+draft tokens.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 
 import torch
 
-from pytgi.backends.base import Platform
-from pytgi.backends.selector import select_attention_backend
+from pytgi.backends.base import KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import get_tp_info
-from pytgi.engine.outputs import ModelOutput, SchedulerOutput
+from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.layers.attention import Attention
+from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
 from pytgi.models.loader import build_model
-from pytgi.worker.input_builder import ForwardBatch, InputBuilder, LogprobRow
+from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
+from pytgi.worker.request_states import RequestStates
+from pytgi.worker.step_transport import send_step
 from pytgi.worker.warmup import dummy_scheduler_output
 
 logger = logging.getLogger(__name__)
@@ -30,18 +37,24 @@ LOGPROB_CHUNK_ROWS = 512  # prompt rows per LM-head call when prefill logprobs a
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, platform: Platform):
+    def __init__(self, config: EngineConfig, platform: Platform, rank: int = 0):
         self.config = config
         self.platform = platform
         self.tp = get_tp_info()
+        self.device = platform.device_for_rank(rank)
         self.block_size = config.cache.block_size
         dtype = config.model.dtype
         self.dtype = getattr(torch, dtype) if dtype else platform.default_dtype()
-        self.backend = select_attention_backend(platform)
-        self.input_builder = InputBuilder(self.block_size)
+        self.attention = platform.attention_backend(self.dtype)
+        self.input_builder = InputBuilder(self.block_size, self.device)
+        self.states = RequestStates()
         self.model = None
         self.spec = None
         self.sampler = None
+        self.accelerator = None
+        self.kv_specs: dict[str, KVCacheSpec] = {}
+        self.kv_caches: dict[str, KVCache] = {}
+        self.metadata_builder = None
         self.num_blocks = 0
         # the logprob of a prompt chunk's first token comes from the previous chunk's last row
         self._next_prompt_logprob: dict[str, float] = {}
@@ -49,45 +62,49 @@ class ModelRunner:
     # ---- set-up -------------------------------------------------------------------------------
 
     def load_model(self, model_dir) -> None:
-        self.model, self.spec = build_model(
-            self.config.model, model_dir, self.dtype, self.platform.device
+        context = BuildContext(
+            platform_name=self.platform.name,
+            kernels=self.platform.kernels_for(self.dtype),
+            attention=self.attention,
+            dtype=self.dtype,
+            max_model_len=self.config.model.max_model_len,
         )
+        self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
+        self.kv_specs = {
+            m.layer_name: m.kv_cache_spec()
+            for m in self.model.modules()
+            if isinstance(m, Attention)
+        }
+        self.accelerator = self.platform.decode_accelerator(self.model, self.dtype)
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
 
             self.sampler = Sampler(self.spec.vocab_size)
 
     @property
-    def attention_layers(self) -> list[Attention]:
-        return [m for m in self.model.modules() if isinstance(m, Attention)]
-
-    @property
     def bytes_per_block(self) -> int:
-        """K and V of one block in every layer, on this rank."""
-        layers = self.attention_layers
-        per_token = sum(2 * a.num_kv_heads * a.head_dim for a in layers)
-        return per_token * self.block_size * self.dtype.itemsize
+        """Every layer's cache for one block of tokens, on this rank."""
+        return sum(spec.bytes_per_token for spec in self.kv_specs.values()) * self.block_size
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Bind zeroed K/V tensors to every attention layer (padded gathers read finite data)."""
+        """Zeroed caches for every attention layer (padded reads see finite data)."""
         self.num_blocks = num_blocks
-        for layer in self.attention_layers:
-            shape = self.backend.kv_cache_shape(
-                num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim
-            )
-            layer.kv_cache = (
-                torch.zeros(shape, dtype=self.dtype, device=self.platform.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.platform.device),
-            )
+        self.kv_caches = {
+            name: self.attention.allocate_kv_cache(spec, num_blocks, self.block_size, self.device)
+            for name, spec in self.kv_specs.items()
+        }
+        self.metadata_builder = self.attention.metadata_builder(
+            self.kv_specs.values(), num_blocks, self.block_size
+        )
 
     def free_kv_cache(self) -> None:
-        for layer in self.attention_layers:
-            layer.kv_cache = None
+        self.kv_caches = {}
+        self.metadata_builder = None
         self.num_blocks = 0
-        gc.collect()
 
     def warm_up(self, num_prefill_tokens: int, num_decode_rows: int = 4) -> None:
-        """Run one dummy step (prompts and decode rows) through `execute` on a temporary cache."""
+        """Run one dummy step (prompts and decode rows) on a temporary cache; every rank builds
+        the same step itself."""
         output, num_blocks = dummy_scheduler_output(
             num_prefill_tokens,
             num_decode_rows,
@@ -96,7 +113,12 @@ class ModelRunner:
             self.spec.vocab_size,
         )
         self.allocate_kv_cache(num_blocks)
-        self.execute(output)
+        self.states.update(output)
+        inputs, plan = self.input_builder.build(output, self.states)
+        logits, _ = self.execute_inputs(inputs)
+        if self.sampler is not None:
+            self.sampler(logits.float(), plan.sample_rows)
+        self.states.clear()
         self.free_kv_cache()
 
     def profile_num_blocks(self) -> int:
@@ -107,8 +129,8 @@ class ModelRunner:
         cap = cache.max_kv_cache_bytes or self.platform.default_kv_cache_cap_bytes()
         if cap is not None:
             budget = min(budget, cap)
-        if self.platform.name == "cpu":
-            budget //= self.tp.world_size  # every rank's cache lives in the same RAM
+        if self.platform.ranks_share_memory():
+            budget //= self.tp.world_size  # every rank's cache lives in the same memory
         num_blocks = budget // self.bytes_per_block
         logger.info(
             "KV cache: %.2f GiB available x %.2f, cap %s -> %.2f GiB per rank = %d blocks of %d "
@@ -125,59 +147,87 @@ class ModelRunner:
 
     # ---- steps --------------------------------------------------------------------------------
 
-    def _hidden(self, batch: ForwardBatch) -> torch.Tensor:
-        metadata = self.backend.build_metadata(batch.attn)
-        with torch.inference_mode(), forward_context(self.backend, metadata):
-            return self.model(batch.input_ids, batch.positions)  # [T, hidden]
-
     @torch.inference_mode()
-    def forward(self, scheduler_output: SchedulerOutput) -> torch.Tensor | None:
-        """Logits [num_sampled, V] of the sampled requests, in request order (None off rank 0)."""
-        batch = self.input_builder.build(scheduler_output)
-        hidden = self._hidden(batch)
-        return self.model.compute_logits(hidden[batch.sample_indices])
-
-    @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput | None:
-        for request_id in scheduler_output.finished_request_ids:
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
+        """Rank 0: run the step (sending its inputs to the other ranks first) and sample."""
+        self.states.update(scheduler_output)
+        for request_id in scheduler_output.freed_request_ids:
             self._next_prompt_logprob.pop(request_id, None)
         if scheduler_output.is_empty:
-            return ModelOutput() if self.tp.is_first_rank else None
-        batch = self.input_builder.build(scheduler_output)
-        hidden = self._hidden(batch)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[batch.sample_indices])  # [S, V] on rank 0
-        prefill_logprobs = {
-            row.request.request_id: self._prompt_logprobs(hidden, row) for row in batch.logprob_rows
-        }
-        if not self.tp.is_first_rank:
-            return None
-        sampled = self.sampler(logits.float(), batch.sampled_requests)
+            return ModelOutput()
+        inputs, plan = self.input_builder.build(scheduler_output, self.states)
+        if self.tp.world_size > 1:
+            send_step(inputs)
+        logits, prompt_logits = self.execute_inputs(inputs)
+        sampled = self.sampler(logits.float(), plan.sample_rows)
         return ModelOutput(
-            sampled={r.request_id: t for r, t in zip(batch.sampled_requests, sampled, strict=True)},
-            prefill_logprobs=prefill_logprobs,
+            sampled=accept_drafts(plan, sampled),
+            prefill_logprobs=self._prompt_logprobs(plan, prompt_logits),
         )
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, row: LogprobRow) -> list[float] | None:
-        """Logprob of each input token of the row given the tokens before it (NaN at position 0)."""
+    @torch.inference_mode()
+    def execute_inputs(self, inputs: ForwardInputs):
+        """Every rank: the forward, the sampled rows' logits [S, V] and each prompt-logprob span's
+        logits chunks (rank 0 only; the other ranks join the LM head's gathers and get None)."""
+        hidden = self._hidden(inputs)  # [T, hidden]
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] on rank 0
+        prompt_logits = [self._span_logits(hidden, *span) for span in inputs.logprob_spans]
+        return logits, prompt_logits
+
+    def _span_logits(self, hidden: torch.Tensor, start: int, num_rows: int) -> list:
+        """Logits of hidden rows [start, start + num_rows), LOGPROB_CHUNK_ROWS at a time (a
+        collective on every rank; the chunks on rank 0, None elsewhere)."""
+        rows = hidden[start : start + num_rows]  # [n, hidden]
+        return [
+            self.model.compute_logits(rows[i : i + LOGPROB_CHUNK_ROWS])
+            for i in range(0, num_rows, LOGPROB_CHUNK_ROWS)
+        ]
+
+    @torch.inference_mode()
+    def forward(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        """Logits [num_sampled_rows, V] of a step, in request order (tests; rank 0)."""
+        self.states.update(scheduler_output)
+        inputs, _ = self.input_builder.build(scheduler_output, self.states)
+        return self.execute_inputs(inputs)[0]
+
+    def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
+        metadata = self.metadata_builder.build(inputs.attn)
+        fused = None
+        if self.accelerator is not None:
+            fused = self.accelerator.for_step(inputs.attn, metadata, self.kv_caches)
+        with forward_context(metadata, self.kv_caches, fused):
+            return self.model(inputs.input_ids, inputs.positions)  # [T, hidden]
+
+    def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:
+        """Logprob of each input token of a row given the tokens before it (NaN at position 0)."""
         from pytgi.sampling.logprobs import compute_prefill_logprobs
 
-        r = row.request
-        all_ids = r.prompt_ids + r.output_ids
-        end_pos = r.start_pos + r.num_tokens
-        targets = list(r.input_ids[1:]) + ([all_ids[end_pos]] if end_pos < len(all_ids) else [])
-        rows = hidden[row.start : row.start + len(targets)]  # [n, hidden]
-        target_ids = torch.tensor(targets, dtype=torch.int64)  # [n]
-        values = []
-        for start in range(0, len(targets), LOGPROB_CHUNK_ROWS):
-            chunk = slice(start, start + LOGPROB_CHUNK_ROWS)
-            logits = self.model.compute_logits(rows[chunk])  # [C, V] on rank 0, collective on all
-            if logits is not None:
-                values += compute_prefill_logprobs(logits, target_ids[chunk]).tolist()
-        if not self.tp.is_first_rank:
-            return None
-        first = (
-            math.nan if r.start_pos == 0 else self._next_prompt_logprob.pop(r.request_id, math.nan)
-        )
-        if len(targets) == r.num_tokens:  # the next chunk's first token was predicted here
-            self._next_prompt_logprob[r.request_id] = values.pop()
-        return [first, *values]
+        out = {}
+        for request, chunks in zip(plan.logprob_requests, prompt_logits, strict=True):
+            targets = torch.tensor(request.target_ids, dtype=torch.int64)  # [n]
+            values = []
+            for i, logits in enumerate(chunks):
+                chunk = targets[i * LOGPROB_CHUNK_ROWS : (i + 1) * LOGPROB_CHUNK_ROWS]
+                values += compute_prefill_logprobs(logits, chunk).tolist()
+            rid = request.request_id
+            first = self._next_prompt_logprob.pop(rid, math.nan) if request.start_pos else math.nan
+            if len(values) == request.num_tokens:  # the next chunk's first token is predicted here
+                self._next_prompt_logprob[rid] = values.pop()
+            out[rid] = [first, *values]
+        return out
+
+
+def accept_drafts(plan: StepPlan, sampled: list[SampledToken]) -> dict[str, list[SampledToken]]:
+    """Per request, the tokens to keep: the token at row j is valid while every draft before it
+    matched the token chosen at its row; the first mismatch (or the row after the last draft)
+    gives the new token. Without drafts: the one sampled token."""
+    out, row = {}, 0
+    for request_id, num_rows in plan.num_rows_per_request:
+        tokens = sampled[row : row + num_rows]
+        drafts = plan.sample_rows[row + num_rows - 1].drafts  # the last row follows every draft
+        keep = 1
+        while keep < num_rows and tokens[keep - 1].token_id == drafts[keep - 1]:
+            keep += 1
+        out[request_id] = tokens[:keep]
+        row += num_rows
+    return out

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
 from pytgi.engine.sampling_params import SamplingParams
+from pytgi.utils.math import cdiv
 
 MAX_WARMUP_PREFILL_TOKENS = 4096
-
-
-def _request(request_id: str, token_ids: list[int], start_pos: int, block_ids: list[int]):
-    return ScheduledRequest(
-        request_id=request_id,
-        input_ids=token_ids[start_pos:],
-        start_pos=start_pos,
-        block_ids=block_ids,
-        sample=True,
-        sampling=SamplingParams(),
-        prompt_ids=token_ids,
-        output_ids=[],
-    )
 
 
 def dummy_scheduler_output(
@@ -30,27 +18,31 @@ def dummy_scheduler_output(
 ) -> tuple[SchedulerOutput, int]:
     """Prompts totalling `num_prefill_tokens` (each within max_position), then decode rows with some
     context; returns the step and the number of KV blocks it needs (its block ids are 0..n-1)."""
+    output = SchedulerOutput(requests=[])
     num_blocks = 0
 
-    def take_blocks(num_tokens: int) -> list[int]:
+    def add(request_id: str, num_tokens: int, start_pos: int) -> None:
         nonlocal num_blocks
-        count = -(-num_tokens // block_size)
+        count = cdiv(num_tokens, block_size)
+        token_ids = [(7 + 31 * j) % vocab_size for j in range(num_tokens)]
+        output.new_requests.append(NewRequestData(request_id, token_ids, SamplingParams()))
+        output.requests.append(
+            ScheduledRequest(
+                request_id,
+                start_pos,
+                num_tokens - start_pos,
+                new_block_ids=list(range(num_blocks, num_blocks + count)),
+                sample=True,
+            )
+        )
         num_blocks += count
-        return list(range(num_blocks - count, num_blocks))
 
-    def token_ids(n: int) -> list[int]:
-        return [(7 + 31 * j) % vocab_size for j in range(n)]
-
-    requests = []
     remaining = min(num_prefill_tokens, MAX_WARMUP_PREFILL_TOKENS)
     while remaining > 0:
         n = min(remaining, max_position - 1)
-        requests.append(
-            _request(f"warmup-prefill-{len(requests)}", token_ids(n), 0, take_blocks(n))
-        )
+        add(f"warmup-prefill-{len(output.requests)}", n, 0)
         remaining -= n
     context = max(1, min(2 * block_size, max_position - 1))
     for i in range(num_decode_rows):
-        ids = token_ids(context + 1)
-        requests.append(_request(f"warmup-decode-{i}", ids, context, take_blocks(context + 1)))
-    return SchedulerOutput(requests=requests), num_blocks
+        add(f"warmup-decode-{i}", context + 1, context)
+    return output, num_blocks

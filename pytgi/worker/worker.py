@@ -1,11 +1,11 @@
 """Worker: one tensor-parallel rank. Joins the process group, owns a ModelRunner, and (ranks > 0)
-follows rank 0's steps: each SchedulerOutput arrives by broadcast, None means shut down.
+follows rank 0's steps: each step's inputs arrive over the control group (`step_transport`), a stop
+header means shut down.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -13,11 +13,12 @@ import torch
 
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheInfo, EngineConfig
-from pytgi.distributed.comm import tp_broadcast_object, tp_min
+from pytgi.distributed.comm import tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import ModelLoadError
 from pytgi.worker.model_runner import ModelRunner
+from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -28,10 +29,8 @@ class Worker:
         self.config = config
         self.rank = rank
         world_size = config.parallel.num_shard
-        self.platform = select_platform()
-        num_threads = config.num_threads
-        if num_threads is None and world_size > 1 and self.platform.name == "cpu":
-            num_threads = max(1, (os.cpu_count() or 1) // world_size)  # ranks share the cores
+        self.platform = select_platform(config.device)
+        num_threads = config.num_threads or self.platform.threads_per_rank(world_size)
         if num_threads:
             torch.set_num_threads(num_threads)
         if world_size > 1:
@@ -42,7 +41,7 @@ class Worker:
                 config.parallel.master_port,
                 self.platform.dist_backend,
             )
-        self.runner = ModelRunner(config, self.platform)
+        self.runner = ModelRunner(config, self.platform, rank)
 
     def initialize(self, model_dir: Path) -> CacheInfo:
         """Load, warm up, size and allocate the KV cache; all ranks end with the same num_blocks."""
@@ -96,7 +95,7 @@ class Worker:
             warmup_s=warmup_s,
         )
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput | None:
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
         return self.runner.execute(scheduler_output)
 
     def shutdown(self) -> None:
@@ -115,8 +114,8 @@ def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports) -> Non
     try:
         worker = Worker(config, rank)
         worker.initialize(model_dir)
-        while (scheduler_output := tp_broadcast_object()) is not None:
-            worker.execute(scheduler_output)
+        while (inputs := receive_step(worker.runner.device)) is not None:
+            worker.runner.execute_inputs(inputs)
     except Exception as e:
         reports.put(("failed", rank, f"{type(e).__name__}: {e}"))
         raise

@@ -169,10 +169,20 @@ def test_out_of_range_metadata_is_an_error(ops):
 
 
 def test_disabled_by_environment(monkeypatch):
+    from pytgi import envs
+    from pytgi.backends.selector import select_platform
+
     monkeypatch.setenv("PYTGI_CPU_KERNELS", "0")
-    monkeypatch.setattr(kernels, "_state", {})
-    assert kernels.load_cpu_kernels() is None
-    assert kernels.cpu_kernels_for(torch.zeros(1)) is None
+    platform = select_platform(envs.device_config())
+    assert platform.kernels is None and platform.kernels_for(torch.float32) is None
+
+
+def test_kernels_serve_fp32_models_only():
+    from pytgi.backends.selector import select_platform
+
+    platform = select_platform()
+    assert platform.kernels_for(torch.float32) is kernels.load_cpu_kernels()
+    assert platform.kernels_for(torch.bfloat16) is None
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 33])

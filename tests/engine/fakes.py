@@ -1,12 +1,14 @@
 """A model-free executor: the next token is a pure function of the request's history, so a request's
 output does not depend on batching, chunking, prefix hits or preemption — exactly what the engine
-must keep.
+must keep. It keeps the workers' request state with the real `RequestStates`, so every test of the
+engine also checks the step contract's deltas (new requests, new tokens, new blocks, freed ids).
 """
 
 from __future__ import annotations
 
 from pytgi.config import CacheInfo
 from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
+from pytgi.worker.request_states import RequestStates
 
 VOCAB = 1000
 
@@ -21,6 +23,7 @@ class FakeExecutor:
         self.block_size = block_size
         self.steps: list[SchedulerOutput] = []
         self.kv: dict[int, int] = {}  # slot -> token written there
+        self.states = RequestStates()
 
     def initialize(self) -> CacheInfo:
         total = self.num_blocks * self.block_size
@@ -30,24 +33,37 @@ class FakeExecutor:
 
     def execute(self, out: SchedulerOutput) -> ModelOutput:
         self.steps.append(out)
+        self.states.update(out)
         result = ModelOutput()
         for r in out.requests:
-            history = r.prompt_ids + r.output_ids
+            state = self.states[r.request_id]
+            history = state.token_ids
             # the cache must already hold every earlier position (prefix hits included)
             for pos in range(r.start_pos):
-                slot = r.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
-                assert self.kv.get(slot) == history[pos], (r.request_id, pos)
-            for i, token in enumerate(r.input_ids):
-                pos = r.start_pos + i
-                slot = r.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
-                self.kv[slot] = token
+                assert self.kv.get(state.slot(pos, self.block_size)) == history[pos], (
+                    r.request_id,
+                    pos,
+                )
+            for i, token in enumerate(state.step_token_ids(r)):
+                self.kv[state.slot(r.start_pos + i, self.block_size)] = token
             if r.prefill_logprobs:
                 result.prefill_logprobs[r.request_id] = [
                     float(r.start_pos + i) for i in range(r.num_tokens)
                 ]
             if r.sample:
-                result.sampled[r.request_id] = SampledToken(next_token(history), -0.5)
+                result.sampled[r.request_id] = self._verify(history, r.draft_ids)
         return result
+
+    @staticmethod
+    def _verify(history: list[int], drafts: list[int]) -> list[SampledToken]:
+        """The model's tokens after the history and each draft, while the drafts agree."""
+        tokens = []
+        for draft in [*drafts, None]:
+            token = next_token(history + [t.token_id for t in tokens])
+            tokens.append(SampledToken(token, -0.5))
+            if token != draft:
+                break
+        return tokens
 
     def shutdown(self) -> None:
         pass

@@ -51,9 +51,7 @@ def test_engine_matches_transformers(arch, tiny_model_factory):
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
 def test_engine_matches_transformers_without_kernels(arch, tiny_model_factory, monkeypatch):
     """The pure-torch fallback (no compiler, PYTGI_CPU_KERNELS=0, other dtypes)."""
-    from pytgi.backends.cpu import kernels
-
-    monkeypatch.setitem(kernels._state, "module", None)
+    monkeypatch.setenv("PYTGI_CPU_KERNELS", "0")
     check_engine_matches_transformers(arch, tiny_model_factory)
 
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pytgi.backends.base import AttentionBatch, AttentionParams, kv_cache_spec
 from pytgi.backends.cpu.attention import CpuAttentionBackend
-from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
 from pytgi.engine.sampling_params import SamplingParams
+from pytgi.layers.build_context import current_build_context
 from pytgi.worker.input_builder import InputBuilder
+from pytgi.worker.request_states import RequestStates
 
 BLOCK_SIZE, H, KVH, D = 4, 4, 2, 8
 SCALE = D**-0.5
@@ -50,25 +53,35 @@ class Sequences:
 
 def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], window):
     """rows: (name, start, end). Returns {name: out [n, H, D]} and checks them."""
-    requests = [
-        ScheduledRequest(
-            name, [0] * (end - start), start, seqs.blocks[name], True, SamplingParams(), [], []
-        )
-        for name, start, end in rows
-    ]
-    batch = InputBuilder(BLOCK_SIZE).build(SchedulerOutput(requests))
-    attn = batch.attn
-    q, k, v = (torch.empty(batch.num_tokens, n, D, dtype=cache[0].dtype) for n in (H, KVH, KVH))
+    out = SchedulerOutput(
+        requests=[
+            ScheduledRequest(name, start, end - start, new_block_ids=seqs.blocks[name])
+            for name, start, end in rows
+        ],
+        new_requests=[
+            NewRequestData(name, [0] * end, SamplingParams()) for name, start, end in rows
+        ],
+    )
+    states = RequestStates()
+    states.update(out)
+    inputs, _ = InputBuilder(BLOCK_SIZE).build(out, states)
+    attn = inputs.attn
+    starts = attn.query_start_loc.tolist()
+    q, k, v = (torch.empty(inputs.num_tokens, n, D, dtype=cache[0].dtype) for n in (H, KVH, KVH))
     order = sorted(range(len(rows)), key=lambda i: rows[i][2] - rows[i][1] > 1)
     for slot, i in enumerate(order):
         name, start, end = rows[i]
-        offset = attn.query_starts[slot]
+        offset = starts[slot]
         for dst, src in zip((q, k, v), seqs.qkv[name], strict=True):
             dst[offset : offset + end - start] = src[start:end]
-    out = backend.forward(q, k, v, cache, backend.build_metadata(attn), SCALE, window)
+    params = AttentionParams(H, KVH, D, SCALE, sliding_window=window)
+    spec = kv_cache_spec(params, cache[0].dtype)
+    num_blocks = cache[0].shape[1] // BLOCK_SIZE
+    metadata = backend.metadata_builder([spec], num_blocks, BLOCK_SIZE).build(attn)
+    out = backend.make_impl(params).forward(q, k, v, cache, metadata)
     for slot, i in enumerate(order):
         name, start, end = rows[i]
-        offset = attn.query_starts[slot]
+        offset = starts[slot]
         sq, sk, sv = seqs.qkv[name]
         expected = reference(sq[start:end], sk[:end], sv[:end], start, window)
         tol = 1e-5 if cache[0].dtype == torch.float32 else 3e-2
@@ -85,9 +98,11 @@ def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], 
 @pytest.mark.parametrize("window", [None, 3, 6])
 def test_mixed_steps_match_reference(window, dtype, cpu_kernels):
     torch.set_num_threads(1)
-    backend = CpuAttentionBackend()
-    shape = backend.kv_cache_shape(32, BLOCK_SIZE, KVH, D)
-    cache = (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+    # as the platform does: the kernels serve fp32 models only
+    kernels = current_build_context().kernels if dtype == torch.float32 else None
+    backend = CpuAttentionBackend(kernels)
+    spec = kv_cache_spec(AttentionParams(H, KVH, D, SCALE), dtype)
+    cache = backend.allocate_kv_cache(spec, 32, BLOCK_SIZE, torch.device("cpu"))
     seqs = Sequences(seed=0)
     seqs.add("a", 14)
     seqs.add("b", 6)
@@ -112,19 +127,27 @@ def test_mixed_steps_match_reference(window, dtype, cpu_kernels):
     run_step(backend, cache, seqs, [("b", 4, 5), ("a", 11, 12)], window)  # decode-only step
 
 
-def test_decode_window_gathers_only_the_window():
-    from pytgi.backends.base import AttentionBatch
-
-    batch = AttentionBatch(
-        slot_mapping=torch.tensor([9, 2]),
-        query_starts=[0, 1],
-        num_queries=[1, 1],
-        start_positions=[9, 2],
-        block_tables=[[0, 1, 2], [3]],
+def decode_batch(start_positions: list[int], tables: list[list[int]]) -> AttentionBatch:
+    width = max(map(len, tables))
+    return AttentionBatch(
+        query_start_loc=torch.arange(len(tables) + 1),
+        seq_lens=torch.tensor(start_positions) + 1,
+        block_table=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        slot_mapping=torch.zeros(len(tables), dtype=torch.int64),
         block_size=4,
-        num_decode_rows=2,
+        num_decode_rows=len(tables),
     )
-    view = CpuAttentionBackend().build_metadata(batch).view(4)
+
+
+def torch_metadata(batch: AttentionBatch, windows: list[int | None]):
+    params = [AttentionParams(H, KVH, D, SCALE, sliding_window=w) for w in windows]
+    specs = [kv_cache_spec(p, torch.float32) for p in params]
+    return CpuAttentionBackend(None).metadata_builder(specs, 8, 4).build(batch)
+
+
+def test_decode_window_gathers_only_the_window():
+    batch = decode_batch([9, 2], [[0, 1, 2], [3]])
+    view = torch_metadata(batch, [4]).views[4]
     # row 0 at position 9 sees 6..9 (keys 2..5 of blocks 1, 2); row 1 at position 2 sees 0..2 of
     # block 3 (padded with block 0)
     decode = view.decode
@@ -135,22 +158,35 @@ def test_decode_window_gathers_only_the_window():
 
 
 def test_decode_rows_of_equal_length_need_no_mask():
-    from pytgi.backends.base import AttentionBatch
-
-    batch = AttentionBatch(
-        slot_mapping=torch.tensor([9, 17]),
-        query_starts=[0, 1],
-        num_queries=[1, 1],
-        start_positions=[9, 9],
-        block_tables=[[0, 1, 2], [5, 3, 4]],
-        block_size=4,
-        num_decode_rows=2,
-    )
-    metadata = CpuAttentionBackend().build_metadata(batch)
-    decode = metadata.view(None).decode
+    batch = decode_batch([9, 9], [[0, 1, 2], [5, 3, 4]])
+    metadata = torch_metadata(batch, [None, 4])
+    decode = metadata.views[None].decode
     assert decode.blocks.tolist() == [[0, 1, 2], [5, 3, 4]]
     assert (decode.offset, decode.length, decode.mask) == (0, 10, None)
     # window 4: both rows see positions 6..9, keys 2..5 of blocks 1, 2 (3, 4)
-    decode = metadata.view(4).decode
+    decode = metadata.views[4].decode
     assert decode.blocks.tolist() == [[1, 2], [3, 4]]
     assert (decode.offset, decode.length, decode.mask) == (2, 4, None)
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"logits_soft_cap": 30.0}, "logits_soft_cap"),
+        ({"alibi_slopes": (0.5,) * H}, "alibi_slopes"),
+        ({"head_size_v": 4}, "head_size_v"),
+    ],
+)
+def test_parameters_the_backend_cannot_honour_are_refused_when_built(extra, named):
+    from pytgi.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=named):
+        CpuAttentionBackend(None).make_impl(AttentionParams(H, KVH, D, SCALE, **extra))
+
+
+def test_kv_cache_specs_size_the_cache():
+    full = kv_cache_spec(AttentionParams(H, KVH, D, SCALE), torch.float32)
+    sliding = kv_cache_spec(AttentionParams(H, KVH, D, SCALE, sliding_window=8), torch.bfloat16)
+    assert type(full).__name__ == "FullAttentionSpec" and full.bytes_per_token == KVH * 2 * D * 4
+    assert type(sliding).__name__ == "SlidingWindowSpec" and sliding.sliding_window == 8
+    assert sliding.bytes_per_token == KVH * 2 * D * 2

@@ -11,8 +11,9 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from pytgi.errors import ModelLoadError
-from pytgi.layers.rotary import ROPE_SCALINGS, apply_rotary, apply_rotary_, get_rope
-from pytgi.models.config import model_spec_from_hf
+from pytgi.layers.build_context import BuildContext, build_context
+from pytgi.layers.rotary import ROPE_SCALINGS, ApplyRotary, apply_rotary, get_rope
+from pytgi.models.config import decoder_spec_from_hf
 
 EXTRA_SCALINGS = {
     "yarn_mscale": {
@@ -50,10 +51,10 @@ CASES = {
 
 
 def ours(config, seq_len=None):
-    spec = model_spec_from_hf(config, "LlamaForCausalLM")
+    spec = decoder_spec_from_hf(config, "LlamaForCausalLM")
     scaling = spec.rope_scaling or {"rope_type": "default"}
     fn = ROPE_SCALINGS[scaling["rope_type"]]
-    args = (spec.rotary_dim, spec.rope_theta, spec.max_position_embeddings, scaling)
+    args = (spec.rotary_size, spec.rope_theta, spec.max_position_embeddings, scaling)
     return fn(*args, seq_len) if seq_len is not None else fn(*args)
 
 
@@ -74,21 +75,24 @@ def test_dynamic_inv_freq_for_long_sequences(seq_len):
     torch.testing.assert_close(ours(config, seq_len)[0], expected, rtol=1e-6, atol=0)
 
 
-def rope_for(config):
-    spec = model_spec_from_hf(config, "LlamaForCausalLM")
-    return get_rope(
-        spec.head_dim,
-        spec.rotary_dim,
-        spec.max_position_embeddings,
-        spec.rope_theta,
-        spec.rope_scaling,
-    )
+def rope_for(config, max_model_len: int = 1024):
+    """The model's rotary table, sized for max_model_len positions (past max_position_embeddings
+    when a server serves longer sequences)."""
+    spec = decoder_spec_from_hf(config, "LlamaForCausalLM")
+    with build_context(BuildContext(max_model_len=max_model_len)):
+        return get_rope(
+            spec.head_dim,
+            spec.rotary_size,
+            spec.max_position_embeddings,
+            spec.rope_theta,
+            spec.rope_scaling,
+        )
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_cos_sin_match_llama_rotary_embedding(name):
     config = CASES[name]
-    positions = torch.tensor([0, 1, 5, 63, 200, 511, 700])  # 700: the table grows on demand
+    positions = torch.tensor([0, 1, 5, 63, 200, 511, 700])  # 700: past max_position_embeddings
     cos, sin = rope_for(config)(positions, torch.float32)  # [T, 1, D]
     hf = LlamaRotaryEmbedding(config)
     x = torch.zeros(1)
@@ -112,9 +116,11 @@ def test_apply_rotary_matches_transformers(cpu_kernels):
     )
     torch.testing.assert_close(apply_rotary(q, cos, sin), hf_q[0].transpose(0, 1))
     torch.testing.assert_close(apply_rotary(k, cos, sin), hf_k[0].transpose(0, 1))
-    # the in-place variant on a strided view of a fused qkv row (the model's call)
+    # the op (in place with the kernels) on a strided view of a fused qkv row (the model's call)
     qkv = torch.cat([q, k, torch.randn(9, 2, 16)], dim=1)  # [T, 8, D]
-    rotated = apply_rotary_(qkv[:, :6], cos, sin)
+    rotate = ApplyRotary()
+    assert (rotate.kernels is not None) == (cpu_kernels == "compiled")
+    rotated = rotate(qkv[:, :6], cos, sin)
     torch.testing.assert_close(rotated[:, :4], hf_q[0].transpose(0, 1))
     torch.testing.assert_close(rotated[:, 4:], hf_k[0].transpose(0, 1))
 

@@ -73,8 +73,43 @@ def _check_vocab(rank):
         assert logits is None
 
 
+def _check_step_transport(rank: int) -> None:
+    """Rank 0's step inputs reach rank 1 unchanged over the control group; None means stop."""
+    from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+    from pytgi.engine.sampling_params import SamplingParams
+    from pytgi.worker.input_builder import InputBuilder
+    from pytgi.worker.request_states import RequestStates
+    from pytgi.worker.step_transport import receive_step, send_step
+
+    out = SchedulerOutput(
+        requests=[
+            ScheduledRequest("a", 0, 5, new_block_ids=[3, 1], sample=True, prefill_logprobs=True),
+            ScheduledRequest("b", 2, 1, new_block_ids=[7], draft_ids=[9], sample=True),
+        ],
+        new_requests=[
+            NewRequestData("a", [1, 2, 3, 4, 5], SamplingParams()),
+            NewRequestData("b", [6, 7, 8], SamplingParams()),
+        ],
+    )
+    states = RequestStates()
+    states.update(out)
+    expected, _ = InputBuilder(block_size=4).build(out, states)
+    if rank == 0:
+        send_step(expected)
+        send_step(None)
+        return
+    got = receive_step(torch.device("cpu"))
+    for name in ("input_ids", "positions", "logits_indices"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        assert torch.equal(getattr(got.attn, name), getattr(expected.attn, name)), name
+    assert got.attn.num_decode_rows == expected.attn.num_decode_rows
+    assert got.logprob_spans == expected.logprob_spans == [(0, 4)]
+    assert receive_step(torch.device("cpu")) is None
+
+
 def _run_rank(rank: int, port: int) -> None:
-    from pytgi.distributed.comm import tp_broadcast_object, tp_min
+    from pytgi.distributed.comm import tp_min
     from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
 
     torch.set_num_threads(1)
@@ -86,7 +121,7 @@ def _run_rank(rank: int, port: int) -> None:
         _check_qkv(x)
         _check_vocab(rank)
         assert tp_min(10 + rank) == 10
-        assert tp_broadcast_object({"step": 1} if rank == 0 else None) == {"step": 1}
+        _check_step_transport(rank)
     finally:
         destroy_distributed()
 

@@ -8,7 +8,7 @@ import torch
 
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
-from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
 from pytgi.engine.sampling_params import SamplingParams
 from pytgi.worker.model_runner import ModelRunner
 
@@ -68,21 +68,24 @@ def scheduled(
     sample: bool = True,
     num_prompt: int | None = None,
     prefill_logprobs: bool = False,
-) -> ScheduledRequest:
-    """Run token_ids[start:end] of a sequence whose first num_prompt tokens are the prompt."""
+) -> tuple[NewRequestData, ScheduledRequest]:
+    """Run token_ids[start:end] of a sequence whose first num_prompt tokens are the prompt. The
+    request is sent whole each time (its worker state replaced), so tests need not track what the
+    runner has seen."""
     num_prompt = len(token_ids) if num_prompt is None else num_prompt
-    return ScheduledRequest(
+    new = NewRequestData(request_id, token_ids[:num_prompt], SamplingParams())
+    return new, ScheduledRequest(
         request_id=request_id,
-        input_ids=token_ids[start:end],
         start_pos=start,
-        block_ids=block_ids,
+        num_tokens=end - start,
+        new_token_ids=token_ids[num_prompt:end],
+        new_block_ids=list(block_ids),
         sample=sample,
-        sampling=SamplingParams(),
-        prompt_ids=token_ids[:num_prompt],
-        output_ids=token_ids[num_prompt:],
         prefill_logprobs=prefill_logprobs,
     )
 
 
-def step(*requests: ScheduledRequest) -> SchedulerOutput:
-    return SchedulerOutput(requests=list(requests))
+def step(*requests: tuple[NewRequestData, ScheduledRequest]) -> SchedulerOutput:
+    return SchedulerOutput(
+        requests=[r for _, r in requests], new_requests=[new for new, _ in requests]
+    )

@@ -1,16 +1,20 @@
-"""The fused CPU decode stack (backends/cpu/csrc/decode_stack.cpp through `DecoderStack`) against
-the same model run layer by layer, for every architecture: decode steps of 9 rows (more than one
-6-row register block) at different lengths, past Mistral's sliding window, with biases, q/k norms
-and Granite's multipliers in play. Parity with transformers itself is test_parity.py's job (its
-decode steps run fused too)."""
+"""The fused CPU decode stack (the runner's decode-step accelerator, backends/cpu/fused_decode.py)
+against the same model run layer by layer, for every architecture: decode steps of 9 rows (more
+than one 6-row register block) at different lengths, past Mistral's sliding window, with biases,
+q/k norms and Granite's multipliers in play; and its allow-list, which refuses any spec feature it
+was not told about. Parity with transformers itself is test_parity.py's job (its decode steps run
+fused too)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 from fixtures.tiny_models import ARCHS
 from models.runner_utils import BlockAllocator, make_runner, prompt, scheduled, step
 
+from pytgi.backends.cpu.fused_decode import unsupported_features
 from pytgi.backends.cpu.kernels import load_cpu_kernels
 
 LENGTHS = (1, 3, 9, 16, 17, 25, 31, 40, 47)  # mistral's window is 24
@@ -46,18 +50,34 @@ def decode_step(seqs):
 
 
 def fused_stack(runner):
-    return runner.model.model.layers._fused
+    return runner.accelerator.stack
+
+
+def counting_runs(runner, monkeypatch) -> list:
+    """Record every step the accelerator takes."""
+    runs, for_step = [], runner.accelerator.for_step
+
+    def counted(batch, metadata, kv_caches):
+        fused = for_step(batch, metadata, kv_caches)
+        runs.append(fused is not None)
+        return fused
+
+    monkeypatch.setattr(runner.accelerator, "for_step", counted)
+    return runs
 
 
 def test_fused_decode_matches_layer_by_layer(runner, monkeypatch):
     torch.set_num_threads(2)
     seqs = prefilled(runner)
+    accelerator = runner.accelerator
+    assert accelerator is not None, "the fused decode stack refused a Llama-family model"
+    runs = counting_runs(runner, monkeypatch)
     for _ in range(3):  # the same step twice writes the same K/V to the same slots
-        monkeypatch.setenv("PYTGI_FUSED_DECODE", "0")
+        runner.accelerator = None
         reference = runner.forward(decode_step(seqs))  # [9, V]
-        monkeypatch.delenv("PYTGI_FUSED_DECODE")
+        runner.accelerator = accelerator
         fused = runner.forward(decode_step(seqs))
-        assert fused_stack(runner), "the decode step did not run fused"
+        assert runs[-1], "the decode step did not run fused"
         assert (fused - reference).abs().max().item() <= 1e-5
         assert torch.equal(fused.argmax(-1), reference.argmax(-1))
         seqs = {
@@ -78,18 +98,22 @@ def test_fused_decode_is_the_same_on_any_number_of_threads(runner):
 
 def test_prefill_steps_stay_layer_by_layer(tiny_model_factory):
     runner = make_runner(tiny_model_factory("llama"))
+    runs = counting_runs(runner, pytest.MonkeyPatch())
     blocks = BlockAllocator()
-    ids = prompt(12, seed=1)
-    runner.forward(step(scheduled("a", ids, 0, 12, blocks.take(13))))
-    assert fused_stack(runner) is None  # built on the first decode-only step, not before
+    a, b = prompt(12, seed=1), prompt(5, seed=2)
+    a_blocks, b_blocks = blocks.take(13), blocks.take(5)
+    logits = runner.forward(step(scheduled("a", a, 0, 12, a_blocks)))
+    a = a + [int(logits[0].argmax())]
+    runner.forward(
+        step(scheduled("a", a, 12, 13, a_blocks, num_prompt=12), scheduled("b", b, 0, 5, b_blocks))
+    )
+    assert runs == [False, False]  # a prompt, then a decode row mixed with a prompt
 
 
 def test_fused_stack_rejects_bad_metadata(runner):
-    seqs = prefilled(runner)
-    runner.forward(decode_step(seqs))
     fused = fused_stack(runner)
     layers = runner.model.model.layers
-    caches = [layer.self_attn.attn.kv_cache for layer in layers]
+    caches = [runner.kv_caches[layer.self_attn.attn.layer_name] for layer in layers]
     hidden_size = runner.model.model.embed_tokens.weight.shape[1]
     rotary_dim = layers[0].self_attn.head_dim
     args = dict(
@@ -115,3 +139,25 @@ def test_fused_stack_rejects_bad_metadata(runner):
             fused.forward(**(args | bad))
     hidden, residual = fused.forward(**args)  # the valid call runs
     assert hidden.shape == residual.shape == (1, hidden_size)
+
+
+def test_the_allow_list_refuses_what_the_kernel_does_not_compute(runner):
+    spec = runner.spec
+    assert unsupported_features(spec) == []
+    assert unsupported_features(dataclasses.replace(spec, hidden_act="gelu")) == [
+        "hidden_act='gelu'"
+    ]
+    partial = dataclasses.replace(spec, rotary_dim=spec.head_dim // 2)
+    assert unsupported_features(partial) == [f"rotary_dim={spec.head_dim // 2}"]
+
+
+def test_a_spec_field_without_a_role_or_a_new_feature_is_refused(runner):
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class WithFlags(type(runner.spec)):
+        post_norms: bool = dataclasses.field(default=False, metadata={"role": "feature"})
+        mystery: int = 0  # no role declared
+
+    spec = WithFlags(**dataclasses.asdict(runner.spec))
+    assert unsupported_features(spec) == ["mystery (no accelerator role declared)"]
+    spec = dataclasses.replace(spec, post_norms=True)
+    assert "post_norms=True" in unsupported_features(spec)

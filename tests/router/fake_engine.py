@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from pytgi.engine.client import EngineStats
-from pytgi.engine.outputs import RequestOutput, TokenOutput
+from pytgi.engine.outputs import RequestOutput, SampledToken
 from pytgi.engine.request import EngineRequest, FinishReason
 
 Script = Callable[[EngineRequest], list[RequestOutput]]
@@ -23,7 +23,7 @@ def token_deltas(
     deltas = []
     for k, token_id in enumerate(ids):
         top_ids = [token_id] + [t for t in (65, 66, 67, 68, 69) if t != token_id][: max(n - 1, 0)]
-        token = TokenOutput(token_id, logprob, top_ids[:n], [logprob - i for i in range(n)])
+        token = SampledToken(token_id, logprob, top_ids[:n], [logprob - i for i in range(n)])
         last = k == len(ids) - 1 and finish is not None
         deltas.append(
             RequestOutput(

@@ -30,8 +30,10 @@ class TextExecutor(FakeExecutor):
         time.sleep(0.002)  # a step takes time, so the router's abort lands mid-generation
         result = super().execute(out)
         span = self.vocab_size - FIRST_TEXT_ID
-        for rid, tok in result.sampled.items():
-            result.sampled[rid] = SampledToken(FIRST_TEXT_ID + tok.token_id % span, tok.logprob)
+        for rid, tokens in result.sampled.items():
+            result.sampled[rid] = [
+                SampledToken(FIRST_TEXT_ID + t.token_id % span, t.logprob) for t in tokens
+            ]
         return result
 
 

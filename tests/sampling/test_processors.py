@@ -45,7 +45,7 @@ def hf_rows(processors, scores: torch.Tensor, histories=None) -> torch.Tensor:
 
 
 def penalised(scores: torch.Tensor, requests: list) -> torch.Tensor:
-    md = SamplingMetadata.from_requests(requests, scores.shape[-1], "cpu")
+    md = SamplingMetadata.from_rows(requests, scores.shape[-1], "cpu")
     return Sampler(scores.shape[-1]).process(scores, md)
 
 
@@ -186,7 +186,7 @@ def test_sampler_process_matches_transformers_chain():
         for h, p in zip(histories, MIXED, strict=True)
     ]
     scores = random_scores(len(MIXED), seed=3)
-    md = SamplingMetadata.from_requests(requests, VOCAB, "cpu")
+    md = SamplingMetadata.from_rows(requests, VOCAB, "cpu")
     ours = Sampler(VOCAB).process(scores, md)
     rows = [scores[i : i + 1] for i in range(len(MIXED))]
     expected = torch.cat([hf_chain(*args) for args in zip(MIXED, histories, rows, strict=True)])

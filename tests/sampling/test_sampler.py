@@ -40,7 +40,7 @@ def test_chosen_logprob_is_log_softmax_of_processed_scores():
     logits = random_logits(4, seed=1)
     sampler = Sampler(VOCAB)
     out = sampler(logits, requests)
-    scores = sampler.process(logits, SamplingMetadata.from_requests(requests, VOCAB, "cpu"))
+    scores = sampler.process(logits, SamplingMetadata.from_rows(requests, VOCAB, "cpu"))
     logprobs = torch.log_softmax(scores, -1)  # [B, V]
     for row, token in enumerate(out):
         assert token.logprob == pytest.approx(logprobs[row, token.token_id].item(), abs=1e-6)

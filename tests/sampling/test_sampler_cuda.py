@@ -27,8 +27,8 @@ def test_processing_matches_cpu():
     requests = other_requests()
     logits = random_logits(len(requests), seed=0)  # [B, V]
     sampler = Sampler(VOCAB)
-    cpu = sampler.process(logits, SamplingMetadata.from_requests(requests, VOCAB, "cpu"))
-    md = SamplingMetadata.from_requests(requests, VOCAB, "cuda")
+    cpu = sampler.process(logits, SamplingMetadata.from_rows(requests, VOCAB, "cpu"))
+    md = SamplingMetadata.from_rows(requests, VOCAB, "cuda")
     gpu = sampler.process(logits.cuda(), md).cpu()
     torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-5)  # -inf positions must agree too
     cpu_out = sampler(logits, requests)

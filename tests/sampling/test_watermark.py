@@ -34,7 +34,7 @@ def test_sampler_shifts_exactly_the_green_list(with_plain_row):
     ]
     requests += [build_request(prompt_ids=[4, 7])] if with_plain_row else []
     scores = torch.randn(len(requests), VOCAB)  # [B, V]
-    md = SamplingMetadata.from_requests(requests, VOCAB, "cpu")
+    md = SamplingMetadata.from_rows(requests, VOCAB, "cpu")
     out = Sampler(VOCAB, watermark_gamma=0.5, watermark_delta=1.5).process(scores, md)
     shift = out - scores  # [B, V]
     for row, prev in ((0, 7), (1, 13)):

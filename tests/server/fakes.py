@@ -17,7 +17,7 @@ from typing import Any
 
 from pytgi.config import CacheInfo
 from pytgi.engine.client import EngineStats
-from pytgi.engine.outputs import RequestOutput, TokenOutput
+from pytgi.engine.outputs import RequestOutput, SampledToken
 from pytgi.engine.request import EngineRequest, FinishReason
 from pytgi.errors import PytgiError, ToolError
 from pytgi.router.outputs import (
@@ -79,7 +79,7 @@ class FakeEngine:
         token_id = self.token_ids[i % len(self.token_ids)]
         top_n = request.sampling.top_n_tokens
         top_ids = [token_id] + [(token_id + k) % 300 + 10 for k in range(1, top_n)]
-        token = TokenOutput(token_id, -0.5, top_ids[:top_n], [-0.5 - k for k in range(top_n)])
+        token = SampledToken(token_id, -0.5, top_ids[:top_n], [-0.5 - k for k in range(top_n)])
         reason = None
         if token_id in request.stopping.eos_token_ids:
             reason = FinishReason.EOS_TOKEN

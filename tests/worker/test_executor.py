@@ -77,12 +77,12 @@ def test_execute_samples_and_reports_prefill_logprobs_across_chunks(llama_dir):
         chunks += out.prefill_logprobs["a"]
         assert set(out.sampled) == ({"b"} if start == 0 else {"a"} if end == 40 else set())
         if start == 0:
-            assert out.sampled["b"].token_id == int(hf_logits(hf, b)[-1].argmax())
+            assert out.sampled["b"][0].token_id == int(hf_logits(hf, b)[-1].argmax())
     ref = torch.log_softmax(hf_logits(hf, a), dim=-1)  # [40, V]
     expected = ref[:-1].gather(1, torch.tensor(a[1:]).unsqueeze(1)).squeeze(1)  # [39]
     assert len(chunks) == 40 and math.isnan(chunks[0])
     torch.testing.assert_close(torch.tensor(chunks[1:]), expected, atol=1e-4, rtol=0)
-    last = out.sampled["a"]
+    (last,) = out.sampled["a"]
     assert last.token_id == int(ref[-1].argmax())
     assert last.logprob == pytest.approx(ref[-1].max().item(), abs=1e-4)
     executor.shutdown()

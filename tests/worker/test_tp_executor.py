@@ -49,8 +49,8 @@ def run_steps(executor) -> list:
         executor.execute(step(scheduled("b", b, 16, 30, b_blocks, prefill_logprobs=True)))
     )
     for _ in range(3):
-        a = a + [outputs[-1].sampled["a"].token_id] if "a" in outputs[-1].sampled else a
-        b = b + [outputs[-1].sampled["b"].token_id]
+        a = a + [outputs[-1].sampled["a"][0].token_id] if "a" in outputs[-1].sampled else a
+        b = b + [outputs[-1].sampled["b"][0].token_id]
         outputs.append(
             executor.execute(
                 step(
@@ -76,11 +76,11 @@ def test_two_shards_match_one_and_detect_a_dead_rank(tiny_model_factory):
     try:
         assert sharded.initialize().num_blocks == 24
         for want, got in zip(expected, run_steps(sharded), strict=True):
-            assert {r: t.token_id for r, t in got.sampled.items()} == {
-                r: t.token_id for r, t in want.sampled.items()
+            assert {r: t[0].token_id for r, t in got.sampled.items()} == {
+                r: t[0].token_id for r, t in want.sampled.items()
             }
-            for rid, token in got.sampled.items():
-                assert token.logprob == pytest.approx(want.sampled[rid].logprob, abs=1e-4)
+            for rid, (token,) in got.sampled.items():
+                assert token.logprob == pytest.approx(want.sampled[rid][0].logprob, abs=1e-4)
             for rid, values in want.prefill_logprobs.items():
                 torch.testing.assert_close(
                     torch.tensor(got.prefill_logprobs[rid]),

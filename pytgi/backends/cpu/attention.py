@@ -1,22 +1,22 @@
-"""Paged attention on CPU: `F.scaled_dot_product_attention` (fp32, `enable_gqa`), head-major cache.
+"""Paged attention on CPU: the compiled kernels (decode rows read the paged cache in place,
+flash-style prefill), else `F.scaled_dot_product_attention` (fp32, `enable_gqa`) over gathered
+blocks. Head-major block cache.
 
 Cache layout, per layer: K and V are each [kv_heads, num_blocks * block_size, head_dim], i.e. per
 head a [num_blocks, block_size, head_dim] block array; a token's slot is block * block_size + pos %
-block_size, so one `index_copy_` (along dim 1) stores a whole step's tokens. Reads gather whole
-blocks: viewed as [kv_heads * num_blocks, block_size, head_dim], one `index_select` with the
+block_size, so one `index_copy_` (along dim 1) stores a whole step's tokens. The torch path reads
+whole blocks: viewed as [kv_heads * num_blocks, block_size, head_dim], one `index_select` with the
 per-step index head * num_blocks + block copies block_size * head_dim contiguous values per (block,
 head), and the result views as [rows, kv_heads, L, head_dim] with a contiguous [L, head_dim] slice
 per (row, head), which SDPA reads without a further copy. The gather writes into a buffer the
-metadata keeps for the whole step, so the layers share one allocation (and its page faults) instead
-of a fresh multi-MB tensor each. (Against the token-major [slots, kv_heads, head_dim] layout, whose
-gather copied 768-byte chunks per token into a new tensor per layer, a SmolLM-shaped batch-16 decode
-step at 256-376 tokens measured ~0.8-0.9x the time; a cold gather is memory-bound either way.)
+metadata keeps for the whole step, so the layers share one allocation.
 
-Per step, `build_metadata` precomputes block tables and masks lazily per sliding-window value, and
-gather indices per (block table, kv heads, cache size), so once per step, shared by all layers:
-- decode rows (1 query token): one batched SDPA over K/V gathered from a padded [B, nb] block
-  table (the row's key j is position first_block * block_size + j), with a length / window mask
-  only when the rows' visible key ranges differ;
+`CpuMetadataBuilder.build` computes everything before the forward, once per step and per sliding
+window value among the layers, shared by all layers:
+- decode rows (1 query token): the compiled `decode_attention` reads K/V from the block table in
+  place; the torch path runs one batched SDPA over K/V gathered from a padded [B, nb] block table
+  (the row's key j is position first_block * block_size + j), with a length / window mask only
+  when the rows' visible key ranges differ;
 - fresh prompts (nothing cached): this step's own K/V (no cache read), through the compiled
   flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
   is_causal (or the window mask); with the kernel, other prefill rows use its paged twin
@@ -29,27 +29,39 @@ Sliding window W (transformers' convention): a query at position p sees keys at 
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from pytgi.backends.base import AttentionBackend, AttentionBatch
-from pytgi.backends.cpu.kernels import cpu_kernels_for
+from pytgi.backends.base import (
+    AttentionBackend,
+    AttentionBatch,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionParams,
+    KVCache,
+    KVCacheSpec,
+)
+from pytgi.errors import ModelLoadError
+from pytgi.utils.math import cdiv
+
+KERNEL_HEAD_MULTIPLE = 16  # the prefill kernels' register tiles
 
 
 @dataclass
 class DecodeRows:
-    blocks: torch.Tensor  # [B, nb] int64: cache blocks holding each row's visible keys (padded)
-    offset: int  # the rows' keys are [offset, offset + length) of their gathered nb * block_size
-    length: int
-    mask: torch.Tensor | None  # [B, 1, 1, length] bool, None when every row sees all its keys
     # for the compiled kernel, which reads the cache in place: row b sees positions
     # first[b] <= p < seq_lens[b] through its whole (padded) block table
-    tables: torch.Tensor  # [B, width] int64
+    tables: torch.Tensor  # [B, W] int64
     first: torch.Tensor  # [B] int64
     seq_lens: torch.Tensor  # [B] int64
+    # for the torch path (None with the kernels)
+    blocks: torch.Tensor | None = None  # [B, nb]: cache blocks holding each row's visible keys
+    offset: int = 0  # the rows' keys are [offset, offset + length) of their gathered blocks
+    length: int = 0
+    mask: torch.Tensor | None = None  # [B, 1, 1, length] bool, None when every row sees all
 
 
 @dataclass
@@ -71,84 +83,102 @@ class WindowView:
 
 
 class CpuAttentionMetadata:
-    def __init__(self, batch: AttentionBatch):
+    """One step's attention metadata, all of it built before the forward."""
+
+    def __init__(self, batch: AttentionBatch, views: dict[int | None, WindowView], gathers):
         self.batch = batch
-        self.slot_mapping = batch.slot_mapping
-        self._views: dict[int | None, WindowView] = {}
-        self._gather: dict[tuple, torch.Tensor] = {}
+        self.slot_mapping = batch.slot_mapping  # [T]
+        self.block_size = batch.block_size
+        self.views = views  # by sliding window (None: full attention)
+        self.gather_index = gathers  # (id(blocks), kv heads) -> [KVH * blocks.numel()] int64
         self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def view(self, window: int | None) -> WindowView:
-        if window not in self._views:
-            self._views[window] = WindowView(self._decode_rows(window), self._prefill_rows(window))
-        return self._views[window]
+    @property
+    def is_decode_only(self) -> bool:
+        return self.batch.is_decode_only
 
-    def gather_index(self, blocks: torch.Tensor, num_kv_heads: int, num_blocks: int):
-        """[KVH * blocks.numel()] rows of the [KVH * num_blocks, block_size, D] cache view: head h's
-        copy of every block in `blocks`, head-major. Cached per step (shared by all layers): keyed
-        by the identity of `blocks`, which must be a tensor this metadata keeps alive."""
-        key = (id(blocks), num_kv_heads, num_blocks)
-        index = self._gather.get(key)
-        if index is None:
-            heads = torch.arange(num_kv_heads).unsqueeze(1) * num_blocks  # [KVH, 1]
-            index = (heads + blocks.reshape(1, -1)).reshape(-1)
-            self._gather[key] = index
-        return index
+    @property
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows' (block tables [B, W], seq_lens [B]): row b's keys are positions
+        0 <= p < seq_lens[b], in blocks tables[b, :ceil(seq_lens[b] / block_size)]."""
+        num_rows = self.batch.num_decode_rows
+        return self.batch.block_table[:num_rows], self.batch.seq_lens[:num_rows]
 
     def gather_buffer(self, key: tuple, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A gather destination reused by every layer of the step (layers run one at a time and
-        nothing keeps a gathered K/V past its layer): one allocation per step instead of a fresh
-        multi-MB tensor, and its page faults, per layer."""
+        nothing keeps a gathered K/V past its layer)."""
         buffer = self._buffers.get(key)
         if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
             buffer = torch.empty(shape, dtype=dtype)
             self._buffers[key] = buffer
         return buffer
 
-    @property
-    def is_decode_only(self) -> bool:
-        return self.batch.num_decode_rows == self.batch.num_rows
 
-    @functools.cached_property
-    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode rows' (block tables [B, W], seq_lens [B]), int64: row b's keys are positions
-        0 <= p < seq_lens[b], in blocks tables[b, :ceil(seq_lens[b] / block_size)] (the rest is
-        padding with block 0)."""
-        b = self.batch
-        num_rows = b.num_decode_rows
-        seq_lens = torch.tensor(b.start_positions[:num_rows]) + 1  # [B]
-        width = max(-(-(p + 1) // b.block_size) for p in b.start_positions[:num_rows])
-        tables = torch.tensor([_padded(t, width) for t in b.block_tables[:num_rows]])  # [B, width]
-        return tables, seq_lens
+class CpuMetadataBuilder(AttentionMetadataBuilder):
+    def __init__(self, specs: Iterable[KVCacheSpec], num_blocks: int, kernels):
+        specs = list(specs)
+        self.windows = sorted({s.sliding_window for s in specs}, key=lambda w: w or 0)
+        self.kv_heads = sorted({s.num_kv_heads for s in specs})
+        self.num_blocks = num_blocks
+        self.kernels = kernels
+        kernel_prefill = all(s.head_size % KERNEL_HEAD_MULTIPLE == 0 for s in specs)
+        self.torch_decode = kernels is None
+        self.torch_prefill = kernels is None or not kernel_prefill
 
-    def _decode_rows(self, window: int | None) -> DecodeRows | None:
-        b = self.batch
-        if b.num_decode_rows == 0:
+    def build(self, batch: AttentionBatch) -> CpuAttentionMetadata:
+        views = {
+            w: WindowView(self._decode_rows(batch, w), self._prefills(batch, w))
+            for w in self.windows
+        }
+        gathers = {}
+        for view in views.values():
+            groups = [view.decode.blocks] if view.decode and view.decode.blocks is not None else []
+            if self.torch_prefill:
+                groups += [row.blocks for row in view.prefills if row.blocks is not None]
+            for blocks in groups:
+                for kvh in self.kv_heads:
+                    gathers[(id(blocks), kvh)] = self._gather_index(blocks, kvh)
+        return CpuAttentionMetadata(batch, views, gathers)
+
+    def _gather_index(self, blocks: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+        """[KVH * blocks.numel()] rows of the [KVH * num_blocks, block_size, D] cache view: head
+        h's copy of every block in `blocks`, head-major."""
+        heads = torch.arange(num_kv_heads).unsqueeze(1) * self.num_blocks  # [KVH, 1]
+        return (heads + blocks.reshape(1, -1)).reshape(-1)
+
+    def _decode_rows(self, batch: AttentionBatch, window: int | None) -> DecodeRows | None:
+        if batch.num_decode_rows == 0:
             return None
-        bs = b.block_size
-        tables, seq_lens = self.decode_tables  # [B, width], [B]
+        bs = batch.block_size
+        num_rows = batch.num_decode_rows
+        tables, seq_lens = batch.block_table[:num_rows], batch.seq_lens[:num_rows]  # [B, W], [B]
         first = (seq_lens - window).clamp(min=0) if window else torch.zeros_like(seq_lens)  # [B]
+        rows = DecodeRows(tables, first, seq_lens)
+        if not self.torch_decode:
+            return rows
         first_block = first // bs  # [B]
         num_blocks = int((-(-seq_lens // bs) - first_block).max())
         width = int(first_block.max()) + num_blocks  # a row's window may end in the padding
         if width > tables.shape[1]:
             tables = F.pad(tables, (0, width - tables.shape[1]))
-        blocks = tables.gather(1, first_block.unsqueeze(1) + torch.arange(num_blocks))  # [B, nb]
+        rows.blocks = tables.gather(1, first_block.unsqueeze(1) + torch.arange(num_blocks))
         lo = first - first_block * bs  # [B] first visible key of the row's gathered keys
         hi = seq_lens - first_block * bs  # [B] one past its last
-        offset, end = int(lo.min()), int(hi.max())
-        keys = torch.arange(offset, end)  # [L]
+        rows.offset, end = int(lo.min()), int(hi.max())
+        keys = torch.arange(rows.offset, end)  # [L]
         valid = (keys >= lo.unsqueeze(1)) & (keys < hi.unsqueeze(1))  # [B, L]
-        mask = None if bool(valid.all()) else valid[:, None, None, :]
-        return DecodeRows(blocks, offset, end - offset, mask, tables, first, seq_lens)
+        rows.length = end - rows.offset
+        rows.mask = None if bool(valid.all()) else valid[:, None, None, :]
+        return rows
 
-    def _prefill_rows(self, window: int | None) -> list[PrefillRow]:
-        b = self.batch
-        bs = b.block_size
+    def _prefills(self, batch: AttentionBatch, window: int | None) -> list[PrefillRow]:
+        bs = batch.block_size
+        starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
         rows = []
-        for i in range(b.num_decode_rows, b.num_rows):
-            start, num_q, start_pos = b.query_starts[i], b.num_queries[i], b.start_positions[i]
-            end_pos = start_pos + num_q
+        for i in range(batch.num_decode_rows, batch.num_rows):
+            start, num_q = starts[i], starts[i + 1] - starts[i]
+            end_pos = seq_lens[i]
+            start_pos = end_pos - num_q
             if start_pos == 0 and (window is None or num_q <= window):
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
                 continue
@@ -162,131 +192,166 @@ class CpuAttentionMetadata:
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask))
                 continue
             first_block = first // bs
-            table = torch.tensor(b.block_tables[i][: -(-end_pos // bs)])  # [W]
-            blocks = table[first_block:].unsqueeze(0)  # [1, nb]
-            offset = first - first_block * bs
+            table = batch.block_table[i, : cdiv(end_pos, bs)]  # [W]
             rows.append(
                 PrefillRow(
-                    start, start + num_q, blocks, offset, end_pos - first, mask, start_pos, table
+                    start,
+                    start + num_q,
+                    table[first_block:].unsqueeze(0),  # [1, nb]
+                    first - first_block * bs,
+                    end_pos - first,
+                    mask,
+                    start_pos,
+                    table,
                 )
             )
         return rows
 
 
-def _padded(table: list[int], length: int) -> list[int]:
-    return table[:length] + [0] * (length - len(table))
+class CpuAttentionImpl(AttentionImpl):
+    def __init__(self, params: AttentionParams, kernels):
+        super().__init__(params)
+        # the kernels read and write fp32 caches only (the backend gets kernels for fp32 models)
+        kv_fp32 = params.kv_cache_dtype in (None, torch.float32)
+        self.kernels = kernels if kv_fp32 else None
+        self.scale = params.scale
+        self.window = params.sliding_window
+        self.kernel_prefill = kernels is not None and params.head_size % KERNEL_HEAD_MULTIPLE == 0
 
-
-class CpuAttentionBackend(AttentionBackend):
-    name = "cpu-sdpa"
-
-    def build_metadata(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        return CpuAttentionMetadata(batch)
-
-    def kv_cache_shape(self, num_blocks, block_size, num_kv_heads, head_dim):
-        return (num_kv_heads, num_blocks * block_size, head_dim)
-
-    def forward(self, q, k, v, kv_cache, metadata: CpuAttentionMetadata, scale, sliding_window):
+    def forward(self, q, k, v, kv_cache: KVCache, metadata: CpuAttentionMetadata):
         k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
-        ops = cpu_kernels_for(q) if k_cache.dtype == q.dtype else None
+        ops = self.kernels
         if ops is not None:
             ops.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         else:
             k_cache.index_copy_(1, metadata.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
             v_cache.index_copy_(1, metadata.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
-        view = metadata.view(sliding_window)
-        bs = metadata.batch.block_size
+        view = metadata.views[self.window]
         outs = []
         if view.decode is not None:
-            rows = view.decode
-            num_decode = rows.blocks.shape[0]
-            if ops is not None:  # reads the paged cache in place: no gather, no mask
-                outs.append(
-                    ops.decode_attention(
-                        q[:num_decode],
-                        k_cache,
-                        v_cache,
-                        rows.tables,
-                        rows.first,
-                        rows.seq_lens,
-                        bs,
-                        scale,
-                    )
-                )
-            else:
-                outs.append(_decode(q[:num_decode], kv_cache, metadata, rows, bs, scale))
-        outs.extend(
-            _prefill(q, k, v, kv_cache, metadata, row, bs, scale, ops, sliding_window)
-            for row in view.prefills
-        )
+            outs.append(self._decode(q[: view.decode.seq_lens.shape[0]], kv_cache, metadata, ops))
+        outs.extend(self._prefill(q, k, v, kv_cache, metadata, row, ops) for row in view.prefills)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
         return out if out.dtype == q.dtype else out.to(q.dtype)
+
+    def _decode(self, q, kv_cache, metadata, ops) -> torch.Tensor:
+        rows = metadata.views[self.window].decode
+        if ops is not None:  # reads the paged cache in place: no gather, no mask
+            k_cache, v_cache = kv_cache
+            return ops.decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                rows.tables,
+                rows.first,
+                rows.seq_lens,
+                metadata.block_size,
+                self.scale,
+            )  # [B, H, D]
+        k, v = (
+            _gather(c, metadata, rows.blocks, rows.offset, rows.length, which)
+            for c, which in zip(kv_cache, "kv", strict=True)
+        )  # [B, KVH, L, D]
+        out = F.scaled_dot_product_attention(
+            _fp32(q).unsqueeze(2),  # [B, H, 1, D]
+            k,
+            v,
+            attn_mask=rows.mask,
+            scale=self.scale,
+            enable_gqa=True,
+        )  # [B, H, 1, D]
+        return out.squeeze(2)  # [B, H, D]
+
+    def _prefill(self, q, k, v, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
+        rows = slice(row.start, row.end)
+        if ops is not None and self.kernel_prefill:
+            # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
+            # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
+            # step's K/V are stored already)
+            if row.blocks is None:
+                return ops.prefill_attention(
+                    q[rows], k[rows], v[rows], self.scale, self.window or 0
+                )
+            k_cache, v_cache = kv_cache
+            return ops.prefill_attention_paged(
+                q[rows],
+                k_cache,
+                v_cache,
+                row.block_table,
+                row.position,
+                metadata.block_size,
+                self.scale,
+                self.window or 0,
+            )  # [q, H, D]
+        if row.blocks is None:
+            keys = _fp32(k[rows]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
+            values = _fp32(v[rows]).transpose(0, 1).unsqueeze(0)
+        else:
+            keys, values = (
+                _gather(c, metadata, row.blocks, row.offset, row.length, which)
+                for c, which in zip(kv_cache, "kv", strict=True)
+            )  # [1, KVH, S, D]
+        out = F.scaled_dot_product_attention(
+            _fp32(q[rows]).transpose(0, 1).unsqueeze(0),  # [1, H, q, D]
+            keys,
+            values,
+            attn_mask=row.mask,
+            is_causal=row.mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )  # [1, H, q, D]
+        return out.squeeze(0).transpose(0, 1)  # [q, H, D]
+
+
+class CpuAttentionBackend(AttentionBackend):
+    name = "cpu-paged"
+
+    def __init__(self, kernels=None):
+        self.kernels = kernels
+
+    def make_impl(self, params: AttentionParams) -> CpuAttentionImpl:
+        unsupported = [
+            name
+            for name, used in (
+                ("logits_soft_cap", params.logits_soft_cap is not None),
+                ("alibi_slopes", params.alibi_slopes is not None),
+                ("head_size_v != head_size", params.v_size != params.head_size),
+            )
+            if used
+        ]
+        if unsupported:
+            raise ModelLoadError(
+                f"the {self.name} attention backend does not support {', '.join(unsupported)}"
+            )
+        return CpuAttentionImpl(params, self.kernels)
+
+    def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:
+        shape = (spec.num_kv_heads, num_blocks * block_size, spec.head_size)
+        return (
+            torch.zeros(shape, dtype=spec.dtype, device=device),
+            torch.zeros(shape, dtype=spec.dtype, device=device),
+        )
+
+    def metadata_builder(self, specs, num_blocks: int, block_size: int) -> CpuMetadataBuilder:
+        return CpuMetadataBuilder(specs, num_blocks, self.kernels)
 
 
 def _fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def _gather(cache, metadata, blocks, block_size, offset, length, which: str) -> torch.Tensor:
+def _gather(cache, metadata, blocks, offset, length, which: str) -> torch.Tensor:
     """cache [KVH, num_blocks * block_size, D], blocks [R, nb] -> [R, KVH, length, D] (fp32),
     each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused buffer."""
     kvh, num_slots, d = cache.shape
-    num_blocks = num_slots // block_size
-    index = metadata.gather_index(blocks, kvh, num_blocks)  # [KVH * R * nb]
+    block_size = metadata.block_size
+    index = metadata.gather_index[(id(blocks), kvh)]  # [KVH * R * nb]
     rows, nb = blocks.shape
     out = metadata.gather_buffer(
         (id(blocks), which), (index.numel(), block_size, d), cache.dtype
     )  # [KVH * R * nb, bs, D]
-    torch.index_select(cache.view(kvh * num_blocks, block_size, d), 0, index, out=out)
+    torch.index_select(
+        cache.view(kvh * (num_slots // block_size), block_size, d), 0, index, out=out
+    )
     out = out.view(kvh, rows, nb * block_size, d)[:, :, offset : offset + length]
     return _fp32(out.transpose(0, 1))  # [R, KVH, length, D]
-
-
-def _decode(q, kv_cache, metadata, rows: DecodeRows, block_size, scale) -> torch.Tensor:
-    k, v = (
-        _gather(c, metadata, rows.blocks, block_size, rows.offset, rows.length, which)
-        for c, which in zip(kv_cache, "kv", strict=True)
-    )  # [B, KVH, L, D]
-    out = F.scaled_dot_product_attention(
-        _fp32(q).unsqueeze(2),  # [B, H, 1, D]
-        k,
-        v,
-        attn_mask=rows.mask,
-        scale=scale,
-        enable_gqa=True,
-    )  # [B, H, 1, D]
-    return out.squeeze(2)  # [B, H, D]
-
-
-def _prefill(
-    q, k, v, kv_cache, metadata, row: PrefillRow, block_size, scale, ops, window
-) -> torch.Tensor:
-    rows = slice(row.start, row.end)
-    if ops is not None and q.shape[-1] % 16 == 0:
-        # the compiled flash-style kernel, which skips the blocks above the diagonal (1.2-1.9x
-        # SDPA's fp32 CPU kernel, docs/PERFORMANCE.md): a fresh prompt reads its own K/V, a
-        # later chunk or a prefix hit the paged cache (this step's K/V are stored already)
-        if row.blocks is None:
-            return ops.prefill_attention(q[rows], k[rows], v[rows], scale, window or 0)
-        k_cache, v_cache = kv_cache
-        return ops.prefill_attention_paged(
-            q[rows], k_cache, v_cache, row.block_table, row.position, block_size, scale, window or 0
-        )  # [q, H, D]
-    if row.blocks is None:
-        keys = _fp32(k[row.start : row.end]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
-        values = _fp32(v[row.start : row.end]).transpose(0, 1).unsqueeze(0)
-    else:
-        keys, values = (
-            _gather(c, metadata, row.blocks, block_size, row.offset, row.length, which)
-            for c, which in zip(kv_cache, "kv", strict=True)
-        )  # [1, KVH, S, D]
-    out = F.scaled_dot_product_attention(
-        _fp32(q[row.start : row.end]).transpose(0, 1).unsqueeze(0),  # [1, H, q, D]
-        keys,
-        values,
-        attn_mask=row.mask,
-        is_causal=row.mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )  # [1, H, q, D]
-    return out.squeeze(0).transpose(0, 1)  # [q, H, D]

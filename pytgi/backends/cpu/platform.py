@@ -1,12 +1,18 @@
-"""The CPU platform: fp32 by default, RAM from /proc/meminfo, gloo collectives."""
+"""The CPU platform: fp32 by default, RAM from /proc/meminfo, gloo collectives, and the compiled
+fp32 kernels (csrc/) when the device config allows them and they build."""
 
 from __future__ import annotations
 
+import logging
 import os
+from types import ModuleType
 
 import torch
 
-from pytgi.backends.base import Platform
+from pytgi.backends.base import DecodeAccelerator, Platform
+from pytgi.config import DeviceConfig
+
+logger = logging.getLogger(__name__)
 
 # RAM is shared with the OS, the API process and other ranks: never take more than this by default.
 DEFAULT_KV_CACHE_CAP_BYTES = 2 * 1024**3
@@ -23,15 +29,53 @@ def read_mem_available_bytes(path: str = "/proc/meminfo") -> int:
 
 class CpuPlatform(Platform):
     name = "cpu"
-    device = torch.device("cpu")
     dist_backend = "gloo"
+
+    def __init__(self, config: DeviceConfig | None = None):
+        self.config = config or DeviceConfig()
+        self.kernels: ModuleType | None = None
+        if self.config.kernels:
+            from pytgi.backends.cpu.kernels import load_cpu_kernels
+
+            self.kernels = load_cpu_kernels()
+        else:
+            logger.info("CPU kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch path")
+
+    def device_for_rank(self, rank: int) -> torch.device:
+        return torch.device("cpu")
 
     def default_dtype(self) -> torch.dtype:
         # bf16/fp16 matmuls and SDPA are 3-40x slower than fp32 on CPUs without AMX / AVX512-BF16
         return torch.float32
+
+    def kernels_for(self, dtype: torch.dtype) -> ModuleType | None:
+        return self.kernels if dtype == torch.float32 else None  # the kernels are fp32 only
+
+    def attention_backend(self, dtype: torch.dtype):
+        from pytgi.backends.cpu.attention import CpuAttentionBackend
+
+        return CpuAttentionBackend(self.kernels_for(dtype))
+
+    def decode_accelerator(
+        self, model: torch.nn.Module, kv_cache_dtype: torch.dtype
+    ) -> DecodeAccelerator | None:
+        kernels = self.kernels_for(kv_cache_dtype)
+        if kernels is None or not self.config.decode_accelerator:
+            return None
+        from pytgi.backends.cpu.fused_decode import FusedDecodeStack
+
+        return FusedDecodeStack.for_model(model, kernels)
 
     def available_memory_bytes(self) -> int:
         return read_mem_available_bytes()
 
     def default_kv_cache_cap_bytes(self) -> int | None:
         return DEFAULT_KV_CACHE_CAP_BYTES
+
+    def ranks_share_memory(self) -> bool:
+        return True
+
+    def threads_per_rank(self, world_size: int) -> int | None:
+        if world_size == 1:
+            return None
+        return max(1, (os.cpu_count() or 1) // world_size)  # ranks share the cores

@@ -49,8 +49,9 @@ class QuantConfig(ABC):
     name: str
 
     @abstractmethod
-    def get_linear_method(self, prefix: str) -> LinearMethod:
-        """The method for the linear layer at `prefix` (a format may leave some unquantized)."""
+    def get_linear_method(self, prefix: str, kernels) -> LinearMethod:
+        """The method for the linear layer at `prefix` (a format may leave some unquantized);
+        `kernels` are the platform's compiled kernels for the model (None: reference path)."""
 
 
 def set_weight_attrs(param: torch.nn.Parameter, **attrs) -> None:

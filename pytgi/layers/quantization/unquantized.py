@@ -17,7 +17,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pytgi.backends.cpu.kernels import cpu_kernels_for
 from pytgi.layers.quantization.base import LinearMethod, set_weight_attrs
 
 TILE = 16  # output columns per packed tile (the kernel's register tile)
@@ -33,19 +32,21 @@ def pack_column_tiles(weight: torch.Tensor, tile: int = TILE) -> torch.Tensor:
 
 
 def packed_matmul(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, kernels=None
 ) -> torch.Tensor:
-    """x [M, K] @ packed [C, K, n] (+ bias [C * n]) -> [M, C * n]: the compiled kernel when it is
-    loaded, else one batched torch matmul over the tiles (any tile width)."""
-    ops = cpu_kernels_for(x)
-    if ops is not None:
-        return ops.linear_packed(x, packed, bias)
+    """x [M, K] @ packed [C, K, n] (+ bias [C * n]) -> [M, C * n]: the compiled kernel when given
+    (n = TILE), else one batched torch matmul over the tiles (any tile width)."""
+    if kernels is not None:
+        return kernels.linear_packed(x, packed, bias)
     num_tiles, _, width = packed.shape
     y = torch.matmul(x.unsqueeze(0), packed).transpose(0, 1).reshape(-1, num_tiles * width)
     return y if bias is None else y + bias
 
 
 class UnquantizedLinearMethod(LinearMethod):
+    def __init__(self, kernels=None):
+        self.kernels = kernels  # the platform's compiled kernels for the model's dtype, or None
+
     def create_weights(
         self,
         layer: torch.nn.Module,
@@ -68,7 +69,7 @@ class UnquantizedLinearMethod(LinearMethod):
         out_features, in_features = weight.shape
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
-        if cpu_kernels_for(weight) is not None:
+        if self.kernels is not None:
             layer.weight_packed = pack_column_tiles(weight.data)
             layer.packed_out_features = out_features
             bias = getattr(layer, "bias", None)
@@ -86,6 +87,6 @@ class UnquantizedLinearMethod(LinearMethod):
         if packed is None:
             return F.linear(x, layer.weight, bias)
         tiled_bias = layer.bias_packed if bias is not None else None
-        y = packed_matmul(x, packed, tiled_bias)  # x [T, in] -> [T, ceil(out/16) * 16]
+        y = packed_matmul(x, packed, tiled_bias, self.kernels)  # [T, in] -> [T, ceil(out/16)*16]
         out_features = layer.packed_out_features
         return y if y.shape[-1] == out_features else y[..., :out_features]

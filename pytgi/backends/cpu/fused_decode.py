@@ -1,0 +1,127 @@
+"""The CPU decode-step accelerator: a decode-only step's whole decoder stack in one kernel call
+(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph.
+
+The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
+layers' packed tensors (`CausalLM.fused_decode_layers`); the stack then checks the model's spec
+against what the kernel implements: every spec field must have a role, every size the kernel
+takes is one it reads, and every feature is either at its (Llama) default or listed in
+`SUPPORTED_FEATURES`. Anything else keeps the model on the layer-by-layer path, with a log line
+saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+
+logger = logging.getLogger(__name__)
+
+# sizes the kernel takes as parameters (the spec's SHAPE fields it reads)
+SIZES = (
+    "hidden_size",
+    "num_layers",
+    "intermediate_size",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "attention_scale",
+    "residual_multiplier",
+)
+
+
+def _any(value) -> bool:
+    return True
+
+
+# feature field -> which values the kernel computes (a feature at its default always runs)
+SUPPORTED_FEATURES: dict[str, Callable[[Any], bool]] = {
+    "hidden_act": lambda act: act == "silu",
+    "sliding_windows": _any,  # per layer, the kernel's decode attention takes a window
+    "qkv_bias": _any,
+    "o_bias": _any,
+    "mlp_bias": _any,
+    "qk_norm": _any,
+}
+
+
+def unsupported_features(spec) -> list[str]:
+    """What in `spec` the fused kernel would not compute (empty: it runs the model exactly)."""
+    reasons = []
+    for f in dataclasses.fields(spec):
+        role, value = f.metadata.get("role"), getattr(spec, f.name)
+        if role == "outside":
+            continue
+        if role == "shape":
+            if f.name not in SIZES:
+                reasons.append(f"size {f.name} (not a parameter of the kernel)")
+        elif role == "feature":
+            supported = SUPPORTED_FEATURES.get(f.name)
+            if value != f.default and (supported is None or not supported(value)):
+                reasons.append(f"{f.name}={value!r}")
+        else:
+            reasons.append(f"{f.name} (no accelerator role declared)")
+    return reasons
+
+
+class FusedDecodeStack(DecodeAccelerator):
+    name = "cpu-fused-decode"
+
+    def __init__(self, stack, layer_names: list[str]):
+        self.stack = stack  # the compiled DecodeStack over the layers' packed weights
+        self.layer_names = layer_names  # attention layer names, in layer order
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, kernels) -> FusedDecodeStack | None:
+        layers = model.fused_decode_layers()
+        if layers is None:
+            logger.info("fused decode stack off: the model's weights are not packed fp32 tiles")
+            return None
+        spec = model.spec
+        reasons = unsupported_features(spec)
+        if reasons:
+            logger.info("fused decode stack off for %s: %s", spec.architecture, ", ".join(reasons))
+            return None
+        stack = kernels.DecodeStack(
+            hidden_size=spec.hidden_size,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            intermediate_size=spec.intermediate_size,
+            eps=spec.rms_norm_eps,
+            scale=spec.attention_scale,
+            residual_multiplier=spec.residual_multiplier,
+            layers=[tensors for _, tensors in layers],
+            windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
+        )
+        logger.info("fused decode stack on (%d layers)", spec.num_layers)
+        return cls(stack, [name for name, _ in layers])
+
+    def for_step(
+        self, batch: AttentionBatch, metadata, kv_caches: dict[str, KVCache]
+    ) -> FusedLayers | None:
+        if not batch.is_decode_only:
+            return None
+        caches = [kv_caches[name] for name in self.layer_names]
+        tables, seq_lens = metadata.decode_tables  # [B, W], [B]
+
+        def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+            return self.stack.forward(
+                hidden.contiguous(),
+                cos.squeeze(1),
+                sin.squeeze(1),
+                batch.slot_mapping,
+                tables,
+                seq_lens,
+                batch.block_size,
+                [k for k, _ in caches],
+                [v for _, v in caches],
+            )
+
+        return run

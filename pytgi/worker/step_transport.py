@@ -1,0 +1,78 @@
+"""Rank 0 → ranks 1..N-1: each step's `ForwardInputs` as two int64 tensors over the control group.
+
+The header says the sizes (or that the ranks must stop); the payload holds every index tensor of
+the step back to back. The other ranks need nothing else: they keep no request state and never
+sample, they run the same forward (and the LM head's gathers for the sampled and prompt-logprob
+rows) on their shard.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pytgi.backends.base import AttentionBatch
+from pytgi.distributed.comm import control_broadcast
+from pytgi.worker.input_builder import ForwardInputs
+
+HEADER = 7  # num tokens (-1: stop), rows, block-table width, sampled rows, logprob spans,
+# decode rows, block size
+
+
+def send_step(inputs: ForwardInputs | None) -> None:
+    """Rank 0: broadcast the step (None tells the other ranks to leave their loop)."""
+    if inputs is None:
+        control_broadcast(torch.tensor([-1] + [0] * (HEADER - 1), dtype=torch.int64))
+        return
+    attn = inputs.attn
+    num_rows, width = attn.block_table.shape
+    header = [
+        inputs.num_tokens,
+        num_rows,
+        width,
+        inputs.logits_indices.shape[0],
+        len(inputs.logprob_spans),
+        attn.num_decode_rows,
+        attn.block_size,
+    ]
+    spans = torch.tensor(inputs.logprob_spans, dtype=torch.int64).reshape(-1)
+    parts = (
+        inputs.input_ids,
+        inputs.positions,
+        attn.slot_mapping,
+        attn.query_start_loc,
+        attn.seq_lens,
+        attn.block_table.reshape(-1),
+        inputs.logits_indices,
+        spans,
+    )
+    control_broadcast(torch.tensor(header, dtype=torch.int64))
+    control_broadcast(torch.cat([p.cpu() for p in parts]))
+
+
+def receive_step(device: torch.device) -> ForwardInputs | None:
+    """Ranks 1..N-1: the next step's inputs, or None when rank 0 says stop."""
+    header = control_broadcast(torch.empty(HEADER, dtype=torch.int64)).tolist()
+    num_tokens, num_rows, width, num_sampled, num_spans, num_decode_rows, block_size = header
+    if num_tokens < 0:
+        return None
+    sizes = [num_tokens] * 3 + [num_rows + 1, num_rows, num_rows * width, num_sampled]
+    payload = torch.empty(sum(sizes) + 2 * num_spans, dtype=torch.int64)
+    control_broadcast(payload)
+    input_ids, positions, slots, starts, seq_lens, table, logits_indices, spans = payload.split(
+        [*sizes, 2 * num_spans]
+    )
+    attn = AttentionBatch(
+        query_start_loc=starts,
+        seq_lens=seq_lens,
+        block_table=table.view(num_rows, width),
+        slot_mapping=slots.to(device),
+        block_size=block_size,
+        num_decode_rows=num_decode_rows,
+    )
+    return ForwardInputs(
+        input_ids=input_ids.to(device),
+        positions=positions.to(device),
+        attn=attn,
+        logits_indices=logits_indices.to(device),
+        logprob_spans=[tuple(s) for s in spans.view(-1, 2).tolist()],
+    )
