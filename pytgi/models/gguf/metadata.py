@@ -19,6 +19,7 @@ from pytgi.errors import ModelLoadError
 
 # GGUF `general.architecture` -> the HF architecture pytgi serves it as
 SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+_REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
 
 
 @dataclass
@@ -43,6 +44,9 @@ def read_metadata(reader: GGUFReader) -> GGUFMetadata:
             f"architectures {', '.join(f'`{a}`' for a in SUPPORTED_ARCHITECTURES)}"
         )
     config = _renamed(reader, {k: GGUF_CONFIG_MAPPING[k] for k in ("general", architecture)})
+    for gguf_key, hf_key in GGUF_CONFIG_MAPPING[architecture].items():
+        if hf_key in _REQUIRED and hf_key not in config:
+            raise ModelLoadError(f"The GGUF file has no `{architecture}.{gguf_key}` metadata")
     config.update(_renamed(reader, {"tokenizer": GGUF_CONFIG_MAPPING["tokenizer"]}))
     config["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     tokenizer = _renamed(reader, {"tokenizer": GGUF_TOKENIZER_MAPPING["tokenizer"]})

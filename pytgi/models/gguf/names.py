@@ -20,17 +20,20 @@ from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
-_LLAMA_TOP = ("model.embed_tokens", "model.norm", "lm_head")
-_LLAMA_LAYER = (
-    "input_layernorm",
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "post_attention_layernorm",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
+# HF parameters of a Llama: norms and embeddings have a weight, projections may have a bias too
+_LLAMA_TOP = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+_LLAMA_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight") + tuple(
+    f"{module}.{param}"
+    for module in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+    for param in ("weight", "bias")
 )
 # GGUF tensors a Llama file may hold that have no HF parameter: skipped with a warning
 _IGNORED = {
@@ -43,15 +46,14 @@ _IGNORED = {
 def llama_name_map(num_layers: int) -> dict[str, str]:
     """GGUF name -> HF name of every weight and bias a Llama of `num_layers` layers can have."""
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, num_layers)
-    hf_modules = list(_LLAMA_TOP) + [
-        f"model.layers.{i}.{module}" for i in range(num_layers) for module in _LLAMA_LAYER
+    hf_names = list(_LLAMA_TOP) + [
+        f"model.layers.{i}.{param}" for i in range(num_layers) for param in _LLAMA_LAYER
     ]
     mapping = {}
-    for module in hf_modules:
-        gguf_module = name_map.get_name(module)
-        assert gguf_module is not None, f"gguf's tensor map lost {module}"
-        for suffix in (".weight", ".bias"):
-            mapping[gguf_module + suffix] = module + suffix
+    for hf_name in hf_names:
+        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"gguf's tensor map lost {hf_name}"
+        mapping[gguf_name] = hf_name
     return mapping
 
 
