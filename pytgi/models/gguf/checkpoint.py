@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 Q = GGMLQuantizationType
 _PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+_LARGE_FIELD_ITEMS = 1024
 
 
 class GGUFCheckpoint:
@@ -38,6 +39,7 @@ class GGUFCheckpoint:
         self.path = Path(path)
         self.reader = _open_reader(self.path)
         self.metadata = read_metadata(self.reader)
+        _drop_large_fields(self.reader)
 
     @cached_property
     def hf_config(self):
@@ -99,6 +101,13 @@ def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedWeight:
     if tuple(weight.codes.shape) != tuple(shape):
         raise ModelLoadError(f"GGUF tensor `{tensor.name}` decodes to the wrong shape")
     return weight
+
+
+def _drop_large_fields(reader: GGUFReader) -> None:
+    """Free the reader's per-element views of long metadata arrays (the vocabulary: ~150 MB for
+    49k tokens and merges); `read_metadata` has copied what it needs into Python lists."""
+    for key in [k for k, f in reader.fields.items() if len(f.data) > _LARGE_FIELD_ITEMS]:
+        del reader.fields[key]
 
 
 def _open_reader(path: Path) -> GGUFReader:
