@@ -31,9 +31,19 @@ def test_config(checkpoint, smollm2_gguf):
     config = checkpoint.hf_config
     reference = AutoConfig.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
     fields = (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
-        "rms_norm_eps", "rope_theta", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_theta",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
     )
     assert {f: getattr(config, f) for f in fields} == {f: getattr(reference, f) for f in fields}
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (30, 576, 49152)
@@ -44,9 +54,7 @@ def test_config(checkpoint, smollm2_gguf):
 def test_tokenizer_against_transformers(checkpoint, smollm2_gguf, tmp_path):
     from transformers import AutoTokenizer
 
-    reference = AutoTokenizer.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
-    )
+    reference = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
     tokenizer = Tokenizer.from_dir(checkpoint.write_hf_files(tmp_path))
     for text in TEXTS:
         expected = reference(text, add_special_tokens=False).input_ids
