@@ -10,7 +10,7 @@ package already opened, so the file's metadata is parsed once; tests check the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gguf import GGUFReader
@@ -22,6 +22,20 @@ SUPPORTED_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 _REQUIRED = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads")
 
 
+@dataclass(frozen=True)
+class LlamaCppFields:
+    """GGUF keys that transformers' tables leave out."""
+
+    tokenizer_model: str | None  # tokenizer.ggml.model: "llama" (sentencepiece), "gpt2" (BPE)
+    add_bos_token: bool | None  # tokenizer.ggml.add_bos_token
+    add_eos_token: bool | None
+    eot_token_id: int | None  # end of turn, e.g. Llama 3's <|eot_id|>
+    eom_token_id: int | None  # end of message
+    rope_scaling_type: str | None  # <arch>.rope.scaling.type: "none", "linear", "yarn"
+    rope_scaling_factor: float | None
+    rope_original_context: int | None  # <arch>.rope.scaling.original_context_length
+
+
 @dataclass
 class GGUFMetadata:
     """Metadata fields renamed to HF names, as transformers' `load_gguf_checkpoint` returns them."""
@@ -30,7 +44,7 @@ class GGUFMetadata:
     config: dict[str, Any]  # HF config fields (model_type, hidden_size, ..., tie_word_embeddings)
     tokenizer: dict[str, Any]  # tokens, token_type, merges/scores, special ids, tokenizer_type
     tokenizer_config: dict[str, Any]  # chat_template, special ids
-    extra: dict[str, Any] = field(default_factory=dict)  # keys transformers does not map
+    llama_cpp: LlamaCppFields
 
 
 def read_metadata(reader: GGUFReader) -> GGUFMetadata:
@@ -52,15 +66,6 @@ def read_metadata(reader: GGUFReader) -> GGUFMetadata:
     tokenizer = _renamed(reader, {"tokenizer": GGUF_TOKENIZER_MAPPING["tokenizer"]})
     if "vocab_size" not in config and "tokens" in tokenizer:
         config["vocab_size"] = len(tokenizer["tokens"])
-    extra_keys = ("add_bos_token", "add_eos_token", "eot_token_id", "eom_token_id", "model")
-    extra = {key: field_value(reader, f"tokenizer.ggml.{key}") for key in extra_keys}
-    scaling = ("type", "factor", "original_context_length")
-    extra.update(
-        {
-            f"rope_scaling_{k}": field_value(reader, f"{architecture}.rope.scaling.{k}")
-            for k in scaling
-        }
-    )
     return GGUFMetadata(
         architecture=architecture,
         config=config,
@@ -68,7 +73,26 @@ def read_metadata(reader: GGUFReader) -> GGUFMetadata:
         tokenizer_config=_renamed(
             reader, {"tokenizer": GGUF_TOKENIZER_MAPPING["tokenizer_config"]}
         ),
-        extra=extra,
+        llama_cpp=_llama_cpp_fields(reader, architecture),
+    )
+
+
+def _llama_cpp_fields(reader: GGUFReader, architecture: str) -> LlamaCppFields:
+    def tokenizer(key: str) -> Any:
+        return field_value(reader, f"tokenizer.ggml.{key}")
+
+    def rope(key: str) -> Any:
+        return field_value(reader, f"{architecture}.rope.scaling.{key}")
+
+    return LlamaCppFields(
+        tokenizer_model=tokenizer("model"),
+        add_bos_token=tokenizer("add_bos_token"),
+        add_eos_token=tokenizer("add_eos_token"),
+        eot_token_id=tokenizer("eot_token_id"),
+        eom_token_id=tokenizer("eom_token_id"),
+        rope_scaling_type=rope("type"),
+        rope_scaling_factor=rope("factor"),
+        rope_original_context=rope("original_context_length"),
     )
 
 
@@ -112,13 +136,13 @@ def hf_config(meta: GGUFMetadata):
 
 def rope_scaling(meta: GGUFMetadata) -> dict[str, Any] | None:
     """HF `rope_scaling` from llama.cpp's `<arch>.rope.scaling.{type,factor,...}` keys."""
-    kind, factor = meta.extra["rope_scaling_type"], meta.extra["rope_scaling_factor"]
+    kind, factor = meta.llama_cpp.rope_scaling_type, meta.llama_cpp.rope_scaling_factor
     if kind in (None, "none") or factor in (None, 0.0, 1.0):
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(factor)}
     if kind == "yarn":
-        original = meta.extra["rope_scaling_original_context_length"]
+        original = meta.llama_cpp.rope_original_context
         if original is None:
             raise ModelLoadError("GGUF yarn rope scaling without original_context_length")
         return {
@@ -131,6 +155,6 @@ def rope_scaling(meta: GGUFMetadata) -> dict[str, Any] | None:
 
 def end_of_generation_ids(meta: GGUFMetadata) -> list[int]:
     """EOS, then the end-of-turn / end-of-message ids llama.cpp also stops on (no duplicates)."""
-    ids = [meta.tokenizer.get("eos_token_id"), meta.extra["eot_token_id"]]
-    ids.append(meta.extra["eom_token_id"])
+    fields = meta.llama_cpp
+    ids = [meta.tokenizer.get("eos_token_id"), fields.eot_token_id, fields.eom_token_id]
     return list(dict.fromkeys(int(i) for i in ids if i is not None))

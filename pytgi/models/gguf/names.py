@@ -50,10 +50,10 @@ def llama_name_map(num_layers: int) -> dict[str, str]:
         f"model.layers.{i}.{param}" for i in range(num_layers) for param in _LLAMA_LAYER
     ]
     mapping = {}
-    for hf_name in hf_names:
-        gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert gguf_name is not None, f"gguf's tensor map lost {hf_name}"
-        mapping[gguf_name] = hf_name
+    for name in hf_names:
+        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, f"gguf's tensor map lost {name}"
+        mapping[gguf_name] = name
     return mapping
 
 

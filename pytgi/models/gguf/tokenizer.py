@@ -47,9 +47,10 @@ def build_tokenizer(meta: GGUFMetadata) -> GGUFTokenizer:
         token_id = meta.tokenizer.get(f"{kind}_token_id")
         if token_id is not None and 0 <= token_id < len(tokens):
             config[f"{kind}_token"] = tokens[token_id]
-    spm = meta.extra.get("model") == "llama"
-    config["add_bos_token"] = _flag(meta.extra.get("add_bos_token"), default=spm)
-    config["add_eos_token"] = _flag(meta.extra.get("add_eos_token"), default=False)
+    fields = meta.llama_cpp
+    spm = fields.tokenizer_model == "llama"
+    config["add_bos_token"] = _flag(fields.add_bos_token, default=spm)
+    config["add_eos_token"] = _flag(fields.add_eos_token, default=False)
     if meta.config.get("max_position_embeddings"):
         config["model_max_length"] = int(meta.config["max_position_embeddings"])
     if meta.tokenizer_config.get("chat_template"):

@@ -92,3 +92,26 @@ def test_unsupported_type_is_named():
 def test_malformed_data_is_refused():
     with pytest.raises(ModelLoadError, match="malformed"):
         decode_blocks(np.zeros((2, 33), dtype=np.uint8), Q.Q8_0, "w")
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_1], ids=lambda t: t.name)
+def test_row_and_column_shards_are_exact(qtype):
+    """What TP and fused layers do with a decoded weight: narrow/concatenate its rows, narrow its
+    columns on block boundaries."""
+    raw = random_blocks(qtype, 12, 512, seed=9)
+    weight = decode_blocks(raw, qtype, "w")
+    full = weight.dequantize()
+    top, bottom = weight.narrow_rows(0, 5), weight.narrow_rows(5, 7)
+    assert torch.equal(top.dequantize(), full[:5])
+    assert torch.equal(type(weight).cat_rows([top, bottom]).dequantize(), full)
+    right = weight.narrow_cols(256, 256)
+    assert torch.equal(right.dequantize(), full[:, 256:])
+    with pytest.raises(ModelLoadError, match="not block-aligned"):
+        weight.narrow_cols(8, 256)
+
+
+def test_fusing_different_formats_is_refused():
+    q4k = decode_blocks(random_blocks(Q.Q4_K, 2, 256), Q.Q4_K, "q")
+    q6k = decode_blocks(random_blocks(Q.Q6_K, 2, 256), Q.Q6_K, "k")
+    with pytest.raises(ModelLoadError, match="formats Q4_K and Q6_K"):
+        type(q4k).cat_rows([q4k, q6k])
