@@ -24,7 +24,7 @@ def peak_rss_mb() -> float:
 
 def pytgi_load(path: Path) -> None:
     from pytgi.layers.quantization.quantized_weight import QuantizedWeight
-    from pytgi.models.gguf import GGUFCheckpoint
+    from pytgi.models.gguf.checkpoint import GGUFCheckpoint
 
     print(f"after imports: peak RSS {peak_rss_mb():.0f} MB")
     start = time.perf_counter()

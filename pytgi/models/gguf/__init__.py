@@ -1,5 +1,8 @@
 """GGUF checkpoints (llama.cpp's format): the file, its config and tokenizer, its tensors.
 
+    from pytgi.models.gguf.files import find_gguf_file      # torch-free
+    from pytgi.models.gguf.checkpoint import GGUFCheckpoint
+
     path = find_gguf_file(model_config, gguf_file)   # None: not a GGUF model
     checkpoint = GGUFCheckpoint(path)                 # metadata parsed once; refuses non-Llama
     checkpoint.hf_config                              # transformers LlamaConfig
@@ -11,9 +14,6 @@ Parsing is the maintained `gguf` package's (`GGUFReader`, memory-mapped); config
 come through transformers' GGUF tables and converter. This package sits under `models/` because
 it produces `QuantizedWeight`s (from `layers/`) for the model loader; the API process gets the
 tokenizer from the files `write_hf_files` writes, so `tokenizer/` stays a torch-free leaf.
+Building those files imports torch (transformers' GGUF converter does); finding the file does not,
+which is why this package re-exports nothing.
 """
-
-from pytgi.models.gguf.checkpoint import GGUFCheckpoint, read_tensor
-from pytgi.models.gguf.files import GGUF_FLAG, find_gguf_file
-
-__all__ = ["GGUF_FLAG", "GGUFCheckpoint", "find_gguf_file", "read_tensor"]

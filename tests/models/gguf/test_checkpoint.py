@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
-from pytgi.models.gguf import GGUFCheckpoint
+from pytgi.models.gguf.checkpoint import GGUFCheckpoint
 
 
 def as_float(value) -> torch.Tensor:

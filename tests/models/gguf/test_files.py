@@ -12,7 +12,8 @@ from fixtures.hub_cache import build_hub_cache
 
 from pytgi.config import ModelConfig
 from pytgi.errors import ModelLoadError
-from pytgi.models.gguf import GGUFCheckpoint, find_gguf_file
+from pytgi.models.gguf.checkpoint import GGUFCheckpoint
+from pytgi.models.gguf.files import find_gguf_file
 
 REPO = "org/tiny-gguf"
 

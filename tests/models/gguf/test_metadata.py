@@ -11,7 +11,7 @@ from fixtures.gguf_files import write_llama_gguf
 from fixtures.tiny_models import CORPUS
 from tokenizers import Tokenizer as HFTokenizer
 
-from pytgi.models.gguf import GGUFCheckpoint
+from pytgi.models.gguf.checkpoint import GGUFCheckpoint
 from pytgi.tokenizer.chat_template import ChatTemplate
 from pytgi.tokenizer.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
-from pytgi.models.gguf import GGUFCheckpoint
+from pytgi.models.gguf.checkpoint import GGUFCheckpoint
 from pytgi.tokenizer.chat_template import ChatTemplate
 from pytgi.tokenizer.tokenizer import Tokenizer
 
