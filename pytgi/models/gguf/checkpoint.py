@@ -1,0 +1,126 @@
+"""`GGUFCheckpoint`: one open GGUF file, its metadata parsed once, its tensors read one at a time.
+
+gguf's `GGUFReader` memory-maps the file; a tensor's bytes are read when `iter_weights` reaches
+it, decoded (quantized types: straight to a `QuantizedWeight`; F32/F16/BF16: a plain tensor in
+that dtype, copied out of the mapping) and renamed to its HF name, q/k rows back in HF's order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.gguf_reader import ReaderTensor
+
+from pytgi.errors import ModelLoadError
+from pytgi.layers.quantization.quantized_weight import QuantizedWeight
+from pytgi.models.gguf.blocks import DECODERS, decode_blocks
+from pytgi.models.gguf.metadata import field_value, hf_config, read_metadata
+from pytgi.models.gguf.names import hf_name, llama_name_map, unpermute_rows
+from pytgi.models.gguf.tokenizer import GGUFTokenizer, build_tokenizer, write_hf_files
+
+logger = logging.getLogger(__name__)
+
+Q = GGMLQuantizationType
+_PLAIN = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+_LARGE_FIELD_ITEMS = 1024
+
+
+class GGUFCheckpoint:
+    """A GGUF file of a supported architecture (else `ModelLoadError` naming it)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.reader = _open_reader(self.path)
+        self.metadata = read_metadata(self.reader)
+        _drop_large_fields(self.reader)
+
+    @cached_property
+    def hf_config(self):
+        """The transformers config (e.g. `LlamaConfig`, `architectures` set)."""
+        return hf_config(self.metadata)
+
+    @cached_property
+    def tokenizer(self) -> GGUFTokenizer:
+        return build_tokenizer(self.metadata)
+
+    def write_hf_files(self, out_dir: str | Path) -> Path:
+        """Write config.json, generation_config.json and the tokenizer files into `out_dir`."""
+        return write_hf_files(self.metadata, self.tokenizer, Path(out_dir))
+
+    def tensor_types(self) -> dict[str, int]:
+        """How many tensors of each GGML type the file holds, e.g. {"Q4_1": 210, "F32": 61}."""
+        return dict(Counter(t.tensor_type.name for t in self.reader.tensors))
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """`(HF name, tensor or QuantizedWeight)` per GGUF tensor, in file order, one at a time."""
+        config = self.metadata.config
+        names = llama_name_map(int(config["num_hidden_layers"]))
+        num_heads = int(config["num_attention_heads"])
+        rotary_heads = {
+            "self_attn.q_proj": num_heads,
+            "self_attn.k_proj": int(config.get("num_key_value_heads", num_heads)),
+        }
+        for tensor in self.reader.tensors:
+            name = hf_name(names, tensor.name)
+            if name is None:
+                continue
+            value = read_tensor(tensor)
+            heads = next((n for module, n in rotary_heads.items() if f".{module}." in name), None)
+            if heads is not None:
+                value = unpermute_rows(value, heads)
+            yield name, value
+
+
+def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedWeight:
+    """One GGUF tensor in HF's shape order ([N, K] for a linear weight)."""
+    qtype = tensor.tensor_type
+    shape = [int(d) for d in reversed(tensor.shape.tolist())]
+    if qtype in _PLAIN:
+        data = np.array(tensor.data)  # the only copy: out of the memory mapping
+        if qtype == Q.BF16:
+            return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16).reshape(shape)
+        return torch.from_numpy(data).reshape(shape)
+    if qtype not in DECODERS:
+        raise ModelLoadError(
+            f"GGUF tensor `{tensor.name}` has type {qtype.name}, which is not supported "
+            f"(supported: F32, F16, BF16, {', '.join(t.name for t in DECODERS)})"
+        )
+    if len(shape) != 2:
+        raise ModelLoadError(
+            f"GGUF tensor `{tensor.name}` is a {len(shape)}-D {qtype.name} tensor: only 2-D "
+            "weights can be quantized"
+        )
+    weight = decode_blocks(tensor.data.reshape(shape[0], -1), qtype, tensor.name)
+    if tuple(weight.codes.shape) != tuple(shape):
+        raise ModelLoadError(f"GGUF tensor `{tensor.name}` decodes to the wrong shape")
+    return weight
+
+
+def _drop_large_fields(reader: GGUFReader) -> None:
+    """Free the reader's per-element views of long metadata arrays (the vocabulary: ~150 MB for
+    49k tokens and merges); `read_metadata` has copied what it needs into Python lists."""
+    for key in [k for k, f in reader.fields.items() if len(f.data) > _LARGE_FIELD_ITEMS]:
+        del reader.fields[key]
+
+
+def _open_reader(path: Path) -> GGUFReader:
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError, TypeError) as err:
+        raise ModelLoadError(f"Cannot read GGUF file `{path}`: {err}") from err
+    if reader.byte_order != "I":
+        raise ModelLoadError(f"GGUF file `{path}` is big-endian, which is not supported")
+    splits = field_value(reader, "split.count")
+    if splits is not None and int(splits) > 1:
+        raise ModelLoadError(
+            f"GGUF file `{path}` is one of {splits} split files, which are not supported: merge "
+            "them into one file first (llama.cpp's `llama-gguf-split --merge`)"
+        )
+    return reader
