@@ -53,3 +53,8 @@ def record_success(timings: Timings, generated_tokens: int) -> None:
     if generated_tokens:
         per_token = timings.inference_s / generated_tokens
         metrics.tgi_request_mean_time_per_token_duration.observe(per_token)
+
+
+def record_extra_tokens(num_tokens: int) -> None:
+    """A step that gave a request several tokens (accepted speculative drafts)."""
+    metrics.tgi_request_skipped_tokens.observe(num_tokens - 1)

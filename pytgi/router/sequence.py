@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pytgi.engine.outputs import RequestOutput, SampledToken
 from pytgi.engine.request import FinishReason
+from pytgi.router import request_metrics
 from pytgi.router.outputs import BestOfSequence, PrefillToken, Token
 from pytgi.router.stop import StopSequenceMatcher
 from pytgi.router.validation import ValidRequest
@@ -54,6 +55,8 @@ class SequenceBuilder:
             self.prefill = self._prefill_tokens(delta.prefill_logprobs)
         if delta.queue_time_s:
             self.queue_s = delta.queue_time_s
+        if len(delta.new_tokens) > 1:
+            request_metrics.record_extra_tokens(len(delta.new_tokens))
         steps = []
         for out in delta.new_tokens:
             steps.append(self._add_token(out))

@@ -18,7 +18,8 @@ def next_token(history: list[int]) -> int:
 
 
 class FakeExecutor:
-    def __init__(self, num_blocks: int = 64, block_size: int = 4):
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, next_token=next_token):
+        self.next_token = next_token  # history -> the model's next token
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.steps: list[SchedulerOutput] = []
@@ -51,15 +52,14 @@ class FakeExecutor:
                     float(r.start_pos + i) for i in range(r.num_tokens)
                 ]
             if r.sample:
-                result.sampled[r.request_id] = self._verify(history, r.draft_ids)
+                result.sampled[r.request_id] = self._verify(list(history), r.draft_ids)
         return result
 
-    @staticmethod
-    def _verify(history: list[int], drafts: list[int]) -> list[SampledToken]:
+    def _verify(self, history: list[int], drafts: list[int]) -> list[SampledToken]:
         """The model's tokens after the history and each draft, while the drafts agree."""
         tokens = []
         for draft in [*drafts, None]:
-            token = next_token(history + [t.token_id for t in tokens])
+            token = self.next_token(history + [t.token_id for t in tokens])
             tokens.append(SampledToken(token, -0.5))
             if token != draft:
                 break
