@@ -6,8 +6,8 @@ local logits and gathers them to rank 0, which is the only rank that samples.
 
 On CPU in fp32 the LM head re-lays its [V, D] matrix after loading as column blocks [C, D, n]
 (zero-padded): n = 16 tiles for the compiled `linear_packed` kernel, else n = VOCAB_BLOCK and one
-batched matmul over the blocks, which streams the matrix 1.3-1.8x faster than `F.linear` on the
-row-major matrix at 1-16 rows, what decode asks of it (docs/PERFORMANCE.md, "Kernel choices").
+batched matmul over the blocks, which streams the matrix faster than `F.linear` on the row-major
+matrix at 1-16 rows, what decode asks of it (docs/PERFORMANCE.md, "Kernel choices").
 The row-major copy is then freed; a tied embedding looks its rows up in the blocks instead, so the
 matrix is held once.
 """
@@ -24,6 +24,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.quantization.base import set_weight_attrs
 from pytgi.layers.quantization.unquantized import TILE, pack_column_tiles, packed_matmul
+from pytgi.utils.math import cdiv
 
 VOCAB_BLOCK = 4096  # columns per block of the head without the kernels (best of 1024-8192)
 
@@ -34,7 +35,7 @@ class VocabParallelEmbedding(nn.Module):
         self.tp = get_tp_info()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        per_rank = -(-num_embeddings // self.tp.world_size)
+        per_rank = cdiv(num_embeddings, self.tp.world_size)
         self.num_local = per_rank  # rows of this rank's (padded) part
         self.vocab_start = min(self.tp.rank * per_rank, num_embeddings)
         self.vocab_end = min(self.vocab_start + per_rank, num_embeddings)

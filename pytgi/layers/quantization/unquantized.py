@@ -2,11 +2,10 @@
 
 CPU fp32 layouts, chosen after loading (measurements in docs/PERFORMANCE.md, "Kernel choices"):
 - with the compiled CPU kernels: the weight is packed as 16-column tiles [ceil(out/16), in, 16]
-  (zero-padded) and `linear_packed` runs every batch size on it: ~2x MKL at 2-6 rows, 1.5x at 16,
-  equal at prefill sizes;
+  (zero-padded) and `linear_packed` runs every batch size on it;
 - without them: a layer with at least as many outputs as inputs keeps its weight column-major
   (still a logical [out, in] tensor, stored as the contiguous transpose), which MKL streams
-  1.1-1.9x faster at decode sizes; narrower layers (down_proj) stay row-major.
+  faster at decode sizes; narrower layers (down_proj) stay row-major.
 Everywhere else: `F.linear` on the checkpoint's row-major weight.
 """
 
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi.layers.quantization.base import LinearMethod, set_weight_attrs
+from pytgi.utils.math import cdiv
 
 TILE = 16  # output columns per packed tile (the kernel's register tile)
 
@@ -25,7 +25,7 @@ TILE = 16  # output columns per packed tile (the kernel's register tile)
 def pack_column_tiles(weight: torch.Tensor, tile: int = TILE) -> torch.Tensor:
     """[N, K] -> [ceil(N / tile), K, tile], zero-padded past N."""
     n, k = weight.shape
-    num_tiles = -(-n // tile)
+    num_tiles = cdiv(n, tile)
     padded = weight.new_zeros(num_tiles * tile, k)
     padded[:n] = weight
     return padded.view(num_tiles, tile, k).transpose(1, 2).contiguous()

@@ -293,15 +293,15 @@ inline void silu_mul_row(float* out, const float* gate, const float* up, int64_t
 // The layers pack W [N, K] as [N / 16, K, 16] (n = 16), so each 16-column tile is one contiguous
 // stream. Each tile is streamed once per 6 rows of x and reused from L2 for the next 6 rows;
 // accumulators stay in registers for the whole K loop (6 x 16 floats = 12 ymm registers), one
-// broadcast of x per row and k. Against MKL sgemm on the same shapes (docs/PERFORMANCE.md): about
-// 2x at 2-6 rows, 1.5x at 16, equal at prefill sizes (~95 GFLOP/s, the machine's peak).
+// broadcast of x per row and k. Measured against MKL sgemm in docs/PERFORMANCE.md ("Kernel
+// choices").
 
 constexpr int64_t kRowBlock = 6;
 constexpr int64_t kTile = 16;
 
 #if defined(__AVX2__) && defined(__FMA__)
 // Accumulators are named variables, not an array: GCC keeps an array's registers but also
-// stores them to the stack every iteration, which made the loop store-bound (3x slower).
+// stores them to the stack every iteration, which makes the loop store-bound.
 #define PYTGI_ROW(m)                                                        \
   if constexpr (MB > m) {                                                   \
     const __m256 xb = _mm256_broadcast_ss(x + m * xs + k);                  \

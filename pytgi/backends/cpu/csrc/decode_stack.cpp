@@ -3,8 +3,8 @@
 // per-layer sliding window as options), fp32, one process (no tensor parallelism).
 //
 // Why: run op by op, a batch-1 step of a 30-layer model is ~300 kernel calls. Each costs Python
-// and dispatch time (~5 ms per step in all), and each parallel op wakes the worker threads, which
-// sleep between regions under OMP_WAIT_POLICY=PASSIVE (~10 us per GEMV, ~25% of a small one).
+// and dispatch time, and each parallel op wakes the worker threads, which sleep between regions
+// under OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md has the measurements).
 //
 // How: the step is a fixed list of phases, per layer: input norm, qkv, q/k norm + RoPE + KV store,
 // attention, o_proj, post norm, gate_up, SiLU * up, down. A phase is a set of independent tasks:
