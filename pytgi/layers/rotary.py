@@ -1,7 +1,8 @@
 """Rotary position embeddings (neox / rotate-half layout) and their scaling variants.
 
 `get_rope(...)` builds one `RotaryEmbedding` per model, with its cos/sin table for every position
-the model serves (built once, when the model is built). Its forward maps the step's positions to
+the model serves (built when the model is built; the runner extends it before a step that goes
+further, e.g. past max_position_embeddings with dynamic NTK). Its forward maps the step's positions to
 (cos, sin) once per step; every attention layer then rotates q and k with its `ApplyRotary`. The
 inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear, dynamic, yarn, llama3)
 follow the published formulas and are checked against transformers' `ROPE_INIT_FUNCTIONS`.
@@ -143,6 +144,16 @@ class RotaryEmbedding(nn.Module):
         self.cos_table = torch.cat([cos, cos], dim=-1)  # [L, dim]
         # rotate-half folded into a sign: x * cos + swap_halves(x) * [-sin | sin]
         self.sin_table = torch.cat([-sin, sin], dim=-1)  # [L, dim]
+
+    @property
+    def num_positions(self) -> int:
+        return self.cos_table.shape[0]
+
+    def reserve(self, num_positions: int) -> None:
+        """Cover positions < num_positions (grown geometrically). The model runner calls it
+        before a step's forward with the step's longest sequence: never inside the forward."""
+        if num_positions > self.num_positions:
+            self._build_table(max(num_positions, 2 * self.num_positions))
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions [T] (each < the table's length) -> (cos, signed sin), each [T, 1,

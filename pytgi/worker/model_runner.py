@@ -25,6 +25,7 @@ from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
+from pytgi.layers.rotary import RotaryEmbedding
 from pytgi.models.loader import build_model
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
 from pytgi.worker.request_states import RequestStates
@@ -53,6 +54,7 @@ class ModelRunner:
         self.sampler = None
         self.accelerator = None
         self.kv_specs: dict[str, KVCacheSpec] = {}
+        self.rotary_tables: list[RotaryEmbedding] = []
         self.kv_caches: dict[str, KVCache] = {}
         self.metadata_builder = None
         self.num_blocks = 0
@@ -75,6 +77,7 @@ class ModelRunner:
             for m in self.model.modules()
             if isinstance(m, Attention)
         }
+        self.rotary_tables = [m for m in self.model.modules() if isinstance(m, RotaryEmbedding)]
         self.accelerator = self.platform.decode_accelerator(self.model, self.dtype)
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
@@ -191,6 +194,9 @@ class ModelRunner:
         return self.execute_inputs(inputs)[0]
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
+        longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
+        for table in self.rotary_tables:
+            table.reserve(longest)
         metadata = self.metadata_builder.build(inputs.attn)
         fused = None
         if self.accelerator is not None:
