@@ -32,6 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from pytgi.config import GrammarConfig
+from pytgi.engine.sampling_params import GrammarSpec
+from pytgi.grammar.definition import grammar_definition, parser_limits
+
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_cases import BAD, REALISTIC  # noqa: E402
 
@@ -111,8 +115,10 @@ class XGrammar:
         self.batch = xgr.BatchGrammarMatcher(max_threads=threads)
 
     def compile(self, kind: str, value: Any) -> Any:
-        if kind == "json":
-            return self.compiler.compile_json_schema(json.dumps(value))
+        if kind == "json":  # the layout pytgi uses with llguidance: json.dumps's separators
+            return self.compiler.compile_json_schema(
+                json.dumps(value), any_whitespace=False, separators=(", ", ": ")
+            )
         return self.compiler.compile_regex(value)
 
     def matcher(self, compiled: Any) -> Any:
@@ -148,12 +154,13 @@ class LLGuidance:
         self.executor = llguidance.LLExecutor(num_threads=threads)
 
     def compile(self, kind: str, value: Any) -> Any:
-        matcher_cls = self.llg.LLMatcher
-        if kind == "json":
-            grammar = matcher_cls.grammar_from_json_schema(json.dumps(value))
-        else:
-            grammar = matcher_cls.grammar_from_regex(value)
-        matcher = matcher_cls(self.tokenizer, grammar, log_level=0)
+        """pytgi's definition (JSON layout, ASCII regex classes) and limits (GrammarConfig)."""
+        spec = GrammarSpec.json_schema(value) if kind == "json" else GrammarSpec.regex(value)
+        config = GrammarConfig()
+        definition = grammar_definition(spec, config)
+        matcher = self.llg.LLMatcher(
+            self.tokenizer, definition, log_level=0, limits=parser_limits(config)
+        )
         if matcher.is_error():
             raise ValueError(matcher.get_error())
         return matcher
@@ -353,14 +360,14 @@ def bad_case(engine_name: str, tok, case, threads: int, queue) -> None:
 def walk_one(engine, matcher, bitmask) -> tuple[int, float]:
     rng = random.Random(0)
     slowest, steps = 0.0, 0
-    while steps < 32:
+    while steps < 32 and not engine.done(matcher):
         steps += 1
         start = time.perf_counter()
         engine.fill(matcher, bitmask, 0)
         slowest = max(slowest, time.perf_counter() - start)
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")
         allowed = np.flatnonzero(bits[: engine.vocab_size])
-        if len(allowed) == 0 or engine.done(matcher):
+        if len(allowed) == 0:
             break
         if not engine.accept(matcher, int(rng.choice(allowed))):
             break
