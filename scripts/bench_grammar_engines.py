@@ -458,7 +458,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     toks = [load_tokenizer(s) for s in args.tokenizer or ["demo"]]
-    import xgrammar  # noqa: F401 - imported once here: the children time the set-up alone
+    # imported once here, so that the forked children time the vocabulary set-up alone
+    import llguidance.torch  # noqa: F401
+    import xgrammar  # noqa: F401
 
     engines = args.engines.split(",")
     results = []

@@ -46,6 +46,9 @@ class Infer:
     Concurrency: at most `limits.max_concurrent_requests` generations run at once; one more is
     refused at once with `OverloadedError` (never queued here: the engine queues). A `best_of=n`
     request takes n permits.
+
+    `engine_supports_grammar`: the engine applies grammars (`SamplingParams.grammar`). While it is
+    False every grammar and `response_format` is refused and tool calls are only prompted for.
     """
 
     def __init__(
