@@ -106,6 +106,28 @@ class BitmaskFiller:
         self._executor.unsafe_compute_mask_ptr(
             pairs, bitmask.ctypes.data, self.width * 4, bitmask.shape[0]
         )
+        return self._mark_failed(list(rows), bitmask)
+
+    def fill_with_drafts(
+        self, rows: Sequence[tuple[GrammarMatcher, int, Sequence[int]]], bitmask: np.ndarray
+    ) -> list[int]:
+        """Masks for a multi-token step: for (matcher, row, drafts), `bitmask[row + j]` is the mask
+        after the first j drafts (j = 0 .. len(drafts)), one row per verification position. The
+        matchers end where they started; drafts should be cut at `count_valid` first (a row past
+        an invalid draft is left untouched). Returns the first rows of the failed matchers."""
+        if not rows:
+            return []
+        for _, row, drafts in rows:
+            _check_bitmask(bitmask, row + len(drafts))
+        triples = [(m.llguidance_matcher, row, list(drafts)) for m, row, drafts in rows]
+        self._executor.unsafe_compute_mask_ptr_with_draft_token(
+            triples, bitmask.ctypes.data, self.width * 4, bitmask.shape[0]
+        )
+        return self._mark_failed([(m, row) for m, row, _ in rows], bitmask)
+
+    def _mark_failed(
+        self, rows: list[tuple[GrammarMatcher, int]], bitmask: np.ndarray
+    ) -> list[int]:
         failed = [row for m, row in rows if m.error is not None]
         for row in failed:
             bitmask[row] = self._eos_only

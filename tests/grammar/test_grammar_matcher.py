@@ -98,6 +98,25 @@ def test_batched_fill_matches_per_row_fill(compiler, vocab):
     assert (batch[[1, 3]] == -1).all()  # rows without a grammar stay all-allowed
 
 
+def test_draft_masks_follow_the_drafts_and_leave_the_matcher_in_place(compiled, vocab):
+    tokens = instance_tokens(vocab)
+    filler = BitmaskFiller(vocab.vocab_size, vocab.eos_token_ids)
+    matcher, drafts = compiled.matcher(), tokens[2:6]
+    assert matcher.accept_tokens(tokens[:2]) == 2
+    batch = filler.allocate(1 + 1 + len(drafts))  # an unconstrained row 0, then this request
+    assert filler.fill_with_drafts([(matcher, 1, drafts)], batch) == []
+    assert (batch[0] == -1).all()
+    reference = compiled.matcher()
+    assert reference.accept_tokens(tokens[:2]) == 2
+    for j in range(len(drafts) + 1):
+        single = filler.allocate(1)
+        reference.fill_bitmask(single)
+        np.testing.assert_array_equal(batch[1 + j], single[0])
+        if j < len(drafts):
+            assert reference.accept_token(drafts[j])
+    assert matcher.accept_tokens(tokens[2:]) == len(tokens) - 2  # it had not moved
+
+
 def test_a_matcher_failing_in_a_step_reports_it(compiler, vocab):
     """The lexer runs out of states long before a million a's: the failure shows either when the
     step's mask is filled (the row then allows EOS only, so sampling stays finite) or when the
