@@ -139,6 +139,26 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class GrammarConfig:
+    """Bounds on user grammars (`grammar`, `response_format`, tool calls); see pytgi.grammar.
+
+    `compile_timeout_s` is how long a request may wait for its grammar (queueing included) before
+    it fails with a validation error. The lexer/parser limits are llguidance's fuel counters: they
+    bound the work of one compile and of one token mask, so no grammar can stall a step.
+    """
+
+    compile_timeout_s: float = 10.0
+    max_grammar_bytes: int = 512 * 1024  # the schema or regex text
+    max_grammar_size: int = 200_000  # grammar symbols after expansion
+    max_lexer_states: int = 50_000  # ~1-2 kB each
+    initial_lexer_fuel: int = 200_000  # building the regexes (~50k per ms)
+    step_lexer_fuel: int = 100_000  # one token mask (~14k per ms)
+    compile_threads: int = 1
+    mask_threads: int = 1  # threads filling a batch's token masks
+    cache_size: int = 256  # compiled grammars kept, by spec
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     hostname: str = "0.0.0.0"
     port: int = 3000

@@ -6,7 +6,41 @@ They are plain picklable dataclasses so they cross the API/engine process bounda
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A validated output constraint: a JSON schema (kind "json") or a regular expression ("regex").
+
+    Frozen and hashable, so it keys the engine's compile cache and pickles across processes: a
+    schema is held as canonical JSON text (compact separators, key order kept: the order of
+    `properties` is the order the output writes them). `strict=False` (OpenAI's `json_schema`
+    with `strict: false`) lets the grammar engine ignore schema keywords it cannot enforce
+    instead of refusing them. Regexes must match the whole output.
+    """
+
+    kind: Literal["json", "regex"]
+    value: str
+    strict: bool = True
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any], *, strict: bool = True) -> GrammarSpec:
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        return cls("json", text, strict)
+
+    @classmethod
+    def regex(cls, pattern: str) -> GrammarSpec:
+        return cls("regex", pattern)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema (kind "json" only)."""
+        assert self.kind == "json", self.kind
+        return json.loads(self.value)
 
 
 @dataclass(frozen=True)
@@ -30,6 +64,7 @@ class SamplingParams:
     seed: int | None = None
     top_n_tokens: int = 0  # how many alternatives to report per generated token
     prefill_logprobs: bool = False  # logprobs of the prompt tokens (decoder_input_details)
+    grammar: GrammarSpec | None = None  # constrained decoding (grammar, response_format, tools)
 
     def __post_init__(self):
         if self.uses_warpers and not self.do_sample:

@@ -1,17 +1,25 @@
 """Grammar requests (`grammar`, `response_format`, tool grammars) checked and normalised (§2.4, §8).
 
 `parse_grammar` turns a `GrammarParam` into a `GrammarSpec` (a JSON schema or a regex) or raises
-`ValidationError` with TGI's texts. It runs before admission, so a bad schema or regex is a 422,
-never an engine crash. Constrained decoding itself belongs to the engine's sampler.
+`ValidationError` with TGI's texts: structural problems are "grammar is not valid: …", schemas the
+grammar engine cannot compile "cannot compile regex from schema: …" (TGI's text for the same
+class of failure). `compile_check` runs the grammar engine's own tokenizer-free check; both run
+before admission, so a bad grammar is a 422, never an engine crash.
+
+TGI (outlines) reads a schema node with `properties` and no `type` as an object; JSON Schema reads
+it as "any value". pytgi follows TGI: such nodes get `"type": "object"` before compiling.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from functools import lru_cache
+from typing import Any
 
+from pytgi.config import GrammarConfig
+from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.router.errors import input_error
 from pytgi.router.params import GrammarParam
 
@@ -21,22 +29,67 @@ JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boole
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
-@dataclass(frozen=True)
-class GrammarSpec:
-    """A validated grammar: a JSON-schema dict (kind "json") or a regex string (kind "regex")."""
-
-    kind: Literal["json", "regex"]
-    value: dict[str, Any] | str
-
-
 def parse_grammar(grammar: GrammarParam) -> GrammarSpec:
     if grammar.type == "regex":
-        return GrammarSpec("regex", _check_regex(grammar.value))
+        return GrammarSpec.regex(_check_regex(grammar.value))
     if grammar.type == "json_schema":
-        return GrammarSpec("json", _check_schema(_json_schema_wrapper(grammar.value)))
+        schema, strict = _json_schema_wrapper(grammar.value)
+        return GrammarSpec.json_schema(as_tgi_schema(_check_schema(schema)), strict=strict)
     if grammar.type == "json_object" and grammar.value is None:
-        return GrammarSpec("json", dict(ANY_OBJECT_SCHEMA))
-    return GrammarSpec("json", _check_schema(_schema_value(grammar.value)))
+        return GrammarSpec.json_schema(ANY_OBJECT_SCHEMA)
+    return GrammarSpec.json_schema(as_tgi_schema(_check_schema(_schema_value(grammar.value))))
+
+
+async def compile_check(spec: GrammarSpec, config: GrammarConfig) -> None:
+    """The grammar engine's check (~1 ms, off the event loop, bounded by `compile_timeout_s`)."""
+    try:
+        problem = await asyncio.wait_for(
+            asyncio.to_thread(_compile_problem, spec, config), config.compile_timeout_s
+        )
+    except asyncio.TimeoutError:  # noqa: UP041 - not the builtin before Python 3.11
+        problem = f"compiling the grammar took more than {config.compile_timeout_s:g} s"
+    if problem is None:
+        return
+    if spec.kind == "json":
+        raise input_error(f"cannot compile regex from schema: {problem}")
+    raise input_error(f"grammar is not valid: {problem}")
+
+
+@lru_cache(maxsize=256)
+def _compile_problem(spec: GrammarSpec, config: GrammarConfig) -> str | None:
+    from pytgi.grammar import GrammarError, check_grammar  # llguidance: loaded on first use
+
+    try:
+        check_grammar(spec, config)
+    except GrammarError as exc:
+        return str(exc)
+    return None
+
+
+def as_tgi_schema(node: Any) -> Any:
+    """A copy of `node` where every schema with `properties` and no `type` is an object."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    if isinstance(out.get("properties"), dict) and "type" not in out:
+        out["type"] = "object"
+    for key, value in out.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: as_tgi_schema(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [as_tgi_schema(sub) for sub in value]
+        elif key in _SCHEMA_VALUES:
+            out[key] = as_tgi_schema(value)
+    return out
+
+
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "$functions", "dependentSchemas"}
+)
+_SCHEMA_LISTS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+_SCHEMA_VALUES = frozenset(
+    {"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames"}
+)
 
 
 def _schema_value(value: Any) -> dict[str, Any]:
@@ -54,11 +107,16 @@ def _schema_value(value: Any) -> dict[str, Any]:
     raise input_error(NOT_SUPPORTED)
 
 
-def _json_schema_wrapper(value: Any) -> dict[str, Any]:
-    """`json_schema` value: `{"name"?, "strict"?, "schema": {...}}` (`strict` is ignored)."""
+def _json_schema_wrapper(value: Any) -> tuple[dict[str, Any], bool]:
+    """`json_schema` value: `{"name"?, "strict"?, "schema": {...}}` → (schema, strict).
+
+    Only an explicit `strict: false` relaxes enforcement (keywords the engine cannot enforce are
+    ignored instead of refused); TGI ignores `strict`, OpenAI defaults it to false but then does
+    not constrain at all.
+    """
     if not isinstance(value, dict) or "schema" not in value:
         raise input_error("grammar is not valid: `json_schema` needs a `schema` object")
-    return _schema_value(value["schema"])
+    return _schema_value(value["schema"]), value.get("strict") is not False
 
 
 def _check_schema(schema: dict[str, Any]) -> dict[str, Any]:

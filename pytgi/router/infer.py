@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from typing import Any
 
-from pytgi.config import CacheInfo, LimitsConfig
+from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
 from pytgi.engine.client import EngineClient
 from pytgi.engine.outputs import RequestOutput
 from pytgi.engine.request import FinishReason
@@ -46,6 +46,9 @@ class Infer:
     Concurrency: at most `limits.max_concurrent_requests` generations run at once; one more is
     refused at once with `OverloadedError` (never queued here: the engine queues). A `best_of=n`
     request takes n permits.
+
+    `engine_supports_grammar`: the engine applies grammars (`SamplingParams.grammar`). While it is
+    False every grammar and `response_format` is refused and tool calls are only prompted for.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class Infer:
         *,
         enable_prefill_logprobs: bool = False,
         disable_grammar_support: bool = False,
+        engine_supports_grammar: bool = False,
+        grammar_config: GrammarConfig | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -68,6 +73,8 @@ class Infer:
             cache_info,
             enable_prefill_logprobs=enable_prefill_logprobs,
             disable_grammar_support=disable_grammar_support,
+            engine_supports_grammar=engine_supports_grammar,
+            grammar_config=grammar_config,
         )
         self.chat = ChatRenderer(tokenizer, grammar_enforced=self.validator.engine_supports_grammar)
         self._max_in_flight = limits.max_concurrent_requests

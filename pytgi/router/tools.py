@@ -2,10 +2,10 @@
 out of generated text (contract §8).
 
 TGI constrains the output to `{"function": {"_name": <tool>, <arguments>}}` with a JSON-schema
-grammar. pytgi's engine has no constrained decoding yet, so the grammar is built (and returned
-for when it has) but a tool call relies on the model emitting that JSON itself; the parser also
-accepts the `{"name": ..., "parameters"|"arguments": {...}}` shape the default tool prompt asks
-for, inside code fences or tags.
+grammar. Where the engine enforces grammars the output always has that form; where it does not
+(the grammar is then only built), a tool call relies on the model emitting the JSON itself, and
+the parser also accepts the `{"name": ..., "parameters"|"arguments": {...}}` shape the default
+tool prompt asks for, inside code fences or tags.
 """
 
 from __future__ import annotations
@@ -75,8 +75,15 @@ def select_tools(
 
 
 def tool_grammar(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """TGI's JSON schema: `{"function": <one of the tools, named by a `_name` const>}`."""
-    functions = {}
+    """TGI's JSON schema: `{"function": <one of the tools, named by a `_name` const>}`.
+
+    Stricter than TGI's in two ways, so that constrained output is always a call: the root is a
+    closed object that requires `function` (TGI's root has no `type`, which JSON Schema reads as
+    "any value"), and the parameters' `$defs`/`definitions` (pydantic's nested models, referenced
+    as `#/$defs/...`) move to the root, where their references point.
+    """
+    functions: dict[str, Any] = {}
+    defs: dict[str, dict[str, Any]] = {}
     for tool in tools:
         fn = tool["function"]
         params = fn.get("parameters") or {}
@@ -92,8 +99,26 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if fn.get("description"):
             spec["description"] = fn["description"]
         functions[fn["name"]] = spec
+        _merge_defs(defs, params, fn["name"])
     refs = [{"$ref": f"#/$functions/{name}"} for name in functions]
-    return {"$functions": functions, "properties": {"function": {"anyOf": refs}}}
+    schema = {
+        "$functions": functions,
+        "type": "object",
+        "properties": {"function": {"anyOf": refs}},
+        "required": ["function"],
+        "additionalProperties": False,
+    }
+    schema.update({key: value for key, value in defs.items() if value})
+    return schema
+
+
+def _merge_defs(defs: dict[str, dict[str, Any]], params: Mapping[str, Any], tool: str) -> None:
+    for key in ("$defs", "definitions"):
+        for name, definition in (params.get(key) or {}).items():
+            known = defs.setdefault(key, {})
+            if name in known and known[name] != definition:
+                raise tool_error(f"tools define `{key}/{name}` differently (tool {tool})")
+            known[name] = definition
 
 
 def tool_prompt_suffix(

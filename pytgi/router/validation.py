@@ -12,11 +12,11 @@ import asyncio
 import random
 from dataclasses import dataclass, field, replace
 
-from pytgi.config import CacheInfo, LimitsConfig
+from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
 from pytgi.engine.request import EngineRequest
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
 from pytgi.router.errors import input_error
-from pytgi.router.grammar import NOT_SUPPORTED, GrammarSpec, parse_grammar
+from pytgi.router.grammar import NOT_SUPPORTED, compile_check, parse_grammar
 from pytgi.router.params import GenerateParameters
 from pytgi.tokenizer.tokenizer import Encoded, Tokenizer
 
@@ -27,7 +27,8 @@ GRAMMAR_UNAVAILABLE = "Grammar is not supported by this server"
 
 @dataclass
 class ValidRequest:
-    """A request that passed validation; `sampling.seed` is None when not sampling."""
+    """A request that passed validation; `sampling.seed` is None when not sampling, and
+    `sampling.grammar` holds the validated grammar."""
 
     prompt_ids: list[int]
     sampling: SamplingParams
@@ -37,12 +38,15 @@ class ValidRequest:
     details: bool = False
     decoder_input_details: bool = False
     return_full_text: bool = False
-    grammar: GrammarSpec | None = None
     adapter_id: str | None = None
 
     @property
     def input_length(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        return self.sampling.grammar
 
     def engine_request(self, request_id: str, seed: int | None = None) -> EngineRequest:
         """The engine's view; `seed` overrides the sampling seed (best_of candidates)."""
@@ -64,6 +68,7 @@ class Validator:
         enable_prefill_logprobs: bool = False,
         disable_grammar_support: bool = False,
         engine_supports_grammar: bool = False,
+        grammar_config: GrammarConfig | None = None,
     ):
         self.tokenizer = tokenizer
         self.limits = limits
@@ -72,6 +77,7 @@ class Validator:
         self.enable_prefill_logprobs = enable_prefill_logprobs
         self.disable_grammar_support = disable_grammar_support
         self.engine_supports_grammar = engine_supports_grammar
+        self.grammar_config = grammar_config or GrammarConfig()
 
     def check_best_of(self, params: GenerateParameters, *, stream: bool = False) -> int:
         """The checks TGI runs before taking a permit (§3.1 step 1, §2.6 stream rules)."""
@@ -104,17 +110,16 @@ class Validator:
         if truncate is not None:
             ids = ids[-truncate:]
         max_new_tokens = self._check_lengths(len(ids), params.max_new_tokens)
-        grammar = self._check_grammar(params)
+        grammar = await self._check_grammar(params)
         return ValidRequest(
             prompt_ids=ids,
-            sampling=sampling,
+            sampling=replace(sampling, grammar=grammar),
             stopping=StoppingParams(max_new_tokens, self.tokenizer.eos_token_ids),
             stop_sequences=[s for s in params.stop if s],
             best_of=best_of,
             details=params.details or params.decoder_input_details,
             decoder_input_details=params.decoder_input_details,
             return_full_text=bool(params.return_full_text),
-            grammar=grammar,
             adapter_id=params.adapter_id,
         )
 
@@ -200,7 +205,8 @@ class Validator:
         # TGI continues chunk after chunk until the context is full; one request does the same
         return min(requested, room)
 
-    def _check_grammar(self, p: GenerateParameters) -> GrammarSpec | None:
+    async def _check_grammar(self, p: GenerateParameters) -> GrammarSpec | None:
+        """TGI's grammar checks, then the grammar engine's (only where the engine enforces it)."""
         if p.grammar is None:
             return None
         if self.disable_grammar_support:
@@ -208,6 +214,7 @@ class Validator:
         spec = parse_grammar(p.grammar)
         if not self.engine_supports_grammar:
             raise input_error(GRAMMAR_UNAVAILABLE)
+        await compile_check(spec, self.grammar_config)
         return spec
 
 

@@ -18,12 +18,13 @@ from fastapi import APIRouter, Depends, Request
 
 from pytgi import metrics
 from pytgi.router.outputs import Generation, StreamEvent
+from pytgi.router.params import GrammarParam
 from pytgi.server.chat_format import finish_reason, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import error_response, openai_event_stream
 from pytgi.server.headers import HeaderTotals, stream_headers
-from pytgi.server.openai_protocol import CompletionRequest
+from pytgi.server.openai_protocol import CompletionRequest, response_format_param
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
 from pytgi.server.streams import gather_or_cancel, merge_streams
@@ -87,8 +88,10 @@ def _choice(index: int, gen: Generation) -> dict[str, Any]:
     }
 
 
-async def completions_json(ctx: ServerContext, req: CompletionRequest) -> JSONBody:
-    params = req.generate_parameters()
+async def completions_json(
+    ctx: ServerContext, req: CompletionRequest, grammar: GrammarParam | None
+) -> JSONBody:
+    params = req.generate_parameters(grammar)
     prompts = req.prompts
     gens = await gather_or_cancel([ctx.infer.generate(p, params) for p in prompts])
     totals = HeaderTotals(compute_characters=sum(len(p) for p in prompts))
@@ -103,12 +106,16 @@ async def completions_json(ctx: ServerContext, req: CompletionRequest) -> JSONBo
     return JSONBody(body, headers=totals.to_headers(ctx.compute_type))
 
 
-def completion_frames(ctx: ServerContext, req: CompletionRequest) -> AsyncIterator[str]:
-    return openai_event_stream(_event_frames(ctx, req), "completions")
+def completion_frames(
+    ctx: ServerContext, req: CompletionRequest, grammar: GrammarParam | None = None
+) -> AsyncIterator[str]:
+    return openai_event_stream(_event_frames(ctx, req, grammar), "completions")
 
 
-async def _event_frames(ctx: ServerContext, req: CompletionRequest) -> AsyncIterator[str]:
-    params = req.generate_parameters()
+async def _event_frames(
+    ctx: ServerContext, req: CompletionRequest, grammar: GrammarParam | None
+) -> AsyncIterator[str]:
+    params = req.generate_parameters(grammar)
     bodies = CompletionBodies(ctx)
     merged = merge_streams([ctx.infer.generate_stream(p, params) for p in req.prompts])
     try:
@@ -123,11 +130,12 @@ async def completions(ctx: ServerContext, req: CompletionRequest, request: Reque
     rejection = _reject(req, ctx.config.limits.max_client_batch_size)
     if rejection is not None:
         return rejection
+    grammar = response_format_param(req.response_format)
     if not req.stream:
-        return await until_disconnected(request, completions_json(ctx, req))
+        return await until_disconnected(request, completions_json(ctx, req, grammar))
     characters = "".join(req.prompts)
     return EventStreamResponse(
-        completion_frames(ctx, req),
+        completion_frames(ctx, req, grammar),
         headers=stream_headers(ctx.compute_type, characters),
         keep_alive_s=ctx.keep_alive_s,
     )

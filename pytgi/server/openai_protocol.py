@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ValidationError as PydanticValidationError
 
+from pytgi.errors import ValidationError
 from pytgi.router.params import GenerateParameters, GrammarParam
 from pytgi.server.protocol import WireRequest
 
@@ -149,6 +151,7 @@ class CompletionRequest(WireRequest):
     suffix: str | None = None
     temperature: float | None = None
     top_p: float | None = None
+    response_format: dict[str, Any] | None = None  # as on chat (vLLM has it here too)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -163,7 +166,7 @@ class CompletionRequest(WireRequest):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def generate_parameters(self) -> GenerateParameters:
+    def generate_parameters(self, grammar: GrammarParam | None = None) -> GenerateParameters:
         return GenerateParameters(
             **_temperature_params(self.temperature),
             frequency_penalty=self.frequency_penalty,
@@ -173,6 +176,7 @@ class CompletionRequest(WireRequest):
             stop=self.stop or [],
             seed=self.seed,
             details=True,
+            grammar=grammar,
         )
 
 
@@ -188,3 +192,14 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> GrammarPa
     if kind == "json_schema" and "value" not in response_format:
         return GrammarParam(type="json_schema", value=response_format.get("json_schema"))
     return GrammarParam.model_validate(response_format)
+
+
+def response_format_param(response_format: dict[str, Any] | None) -> GrammarParam | None:
+    """`response_format_grammar`, a malformed value answered as TGI's 422 validation error."""
+    try:
+        return response_format_grammar(response_format)
+    except PydanticValidationError as exc:
+        detail = "; ".join(str(e.get("msg")) for e in exc.errors())
+        raise ValidationError(
+            f"Input validation error: invalid `response_format`: {detail}"
+        ) from None

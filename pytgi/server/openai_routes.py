@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import ValidationError as PydanticValidationError
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import TemplateError, ValidationError
+from pytgi.errors import TemplateError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL
@@ -28,7 +27,7 @@ from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_event_stream
 from pytgi.server.headers import generation_headers, stream_headers
-from pytgi.server.openai_protocol import ChatRequest, response_format_grammar
+from pytgi.server.openai_protocol import ChatRequest, response_format_param
 from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
@@ -41,13 +40,7 @@ router = APIRouter()
 
 
 def _grammar(req: ChatRequest) -> GrammarParam | None:
-    try:
-        return response_format_grammar(req.response_format)
-    except PydanticValidationError as exc:
-        detail = "; ".join(str(e.get("msg")) for e in exc.errors())
-        raise ValidationError(
-            f"Input validation error: invalid `response_format`: {detail}"
-        ) from None
+    return response_format_param(req.response_format)
 
 
 async def render(ctx: ServerContext, req: ChatRequest) -> ChatPrompt:

@@ -73,3 +73,45 @@ class FakeEngine:
 
     async def shutdown(self) -> None:
         return None
+
+
+def constrained_script(tokenizer, free_ids: list[int]) -> Script:
+    """A random-weight model behind the real grammar engine: a request without a grammar gets
+    `free_ids` (then EOS); one with a grammar is decoded greedily over random logits seeded by
+    its sampling seed, under `pytgi.grammar`'s token masks, until EOS or `max_new_tokens`. A
+    grammar that fails to compile ends the request with the engine's error."""
+    import numpy as np
+
+    from pytgi.grammar import BitmaskFiller, GrammarCompiler, GrammarError, GrammarVocab
+
+    vocab = GrammarVocab.from_tokenizer(tokenizer)
+    compiler = GrammarCompiler(vocab)
+    filler = BitmaskFiller(vocab.vocab_size, vocab.eos_token_ids)
+    eos = list(vocab.eos_token_ids)
+
+    def script(request: EngineRequest) -> list[RequestOutput]:
+        limit = request.stopping.max_new_tokens
+        spec = request.sampling.grammar
+        if spec is None:
+            ids = (free_ids + eos)[:limit]
+            return token_deltas(request, ids, _finish(ids, eos))
+        try:
+            matcher = compiler.compile(spec).matcher()
+        except GrammarError as exc:
+            return [RequestOutput(request.request_id, finished=True, error=str(exc))]
+        rng = np.random.default_rng(request.sampling.seed or 0)
+        bitmask, ids = filler.allocate(1), []
+        while len(ids) < limit and not (ids and ids[-1] in eos):
+            filler.fill([(matcher, 0)], bitmask)
+            bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[: vocab.vocab_size]
+            logits = np.where(bits == 1, rng.standard_normal(vocab.vocab_size), -np.inf)
+            token_id = int(logits.argmax())
+            assert matcher.accept_token(token_id), matcher.error
+            ids.append(token_id)
+        return token_deltas(request, ids, _finish(ids, eos))
+
+    return script
+
+
+def _finish(ids: list[int], eos: list[int]) -> FinishReason:
+    return FinishReason.EOS_TOKEN if ids and ids[-1] in eos else FinishReason.LENGTH

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytgi.config import LimitsConfig
+from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.errors import ValidationError
+from pytgi.router.grammar import as_tgi_schema
 from pytgi.router.params import GenerateParameters, GrammarParam
 from pytgi.router.validation import Validator
 
@@ -209,11 +213,96 @@ async def test_grammar_disabled(tokenizer, limits, cache_info):
     await reject(v, "grammar is not supported", grammar={"type": "regex", "value": "a"})
 
 
-async def test_grammar_accepted_when_engine_supports_it(tokenizer, limits, cache_info):
-    v = Validator(tokenizer, limits, cache_info, engine_supports_grammar=True)
-    req = await v.validate("Hi", P(grammar={"type": "json", "value": '{"properties": {}}'}))
-    assert req.grammar is not None and req.grammar.kind == "json"
-    assert req.grammar.value == {"properties": {}}
+@pytest.fixture
+def grammar_validator(tokenizer, limits, cache_info) -> Validator:
+    return Validator(tokenizer, limits, cache_info, engine_supports_grammar=True)
+
+
+SCHEMA = {"properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
+TYPED = {"properties": SCHEMA["properties"], "required": ["a"], "type": "object"}
+IMPOSSIBLE = {"type": "integer", "minimum": 3, "maximum": 1}
+
+
+@pytest.mark.parametrize(
+    ("grammar", "spec"),
+    [
+        ({"type": "json", "value": SCHEMA}, GrammarSpec.json_schema(TYPED)),
+        ({"type": "json", "value": json.dumps(SCHEMA)}, GrammarSpec.json_schema(TYPED)),
+        ({"type": "json_object", "value": SCHEMA}, GrammarSpec.json_schema(TYPED)),
+        ({"type": "json_object"}, GrammarSpec.json_schema({"type": "object"})),
+        (
+            {"type": "json_schema", "value": {"name": "n", "strict": True, "schema": SCHEMA}},
+            GrammarSpec.json_schema(TYPED),
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"strict": False, "schema": SCHEMA}},
+            GrammarSpec.json_schema(TYPED, strict=False),
+        ),
+        ({"type": "regex", "value": "[a-z]+"}, GrammarSpec.regex("[a-z]+")),
+    ],
+)
+async def test_accepted_grammars_travel_on_the_sampling_params(grammar_validator, grammar, spec):
+    req = await grammar_validator.validate("Hi", P(grammar=grammar))
+    assert req.sampling.grammar == spec and req.grammar == spec
+    assert req.engine_request("r1").sampling.grammar == spec  # reaches the engine request
+    assert list(req.sampling.grammar.schema if spec.kind == "json" else []) == list(
+        spec.schema if spec.kind == "json" else []
+    )  # property order kept
+
+
+def test_tgi_reads_properties_without_type_as_an_object():
+    schema = {"properties": {"a": {"properties": {"b": {}}}, "c": {"anyOf": [{"properties": {}}]}}}
+    typed = as_tgi_schema(schema)
+    assert typed["type"] == "object"
+    assert typed["properties"]["a"]["type"] == "object"
+    assert typed["properties"]["c"]["anyOf"][0]["type"] == "object"
+    assert "type" not in typed["properties"]["a"]["properties"]["b"]
+    assert "type" not in schema  # the caller's schema is not modified
+
+
+@pytest.mark.parametrize(
+    ("grammar", "message"),
+    [
+        (
+            {"type": "json", "value": {"properties": {}, "uniqueItems": True}},
+            'cannot compile regex from schema: Unimplemented keys: ["uniqueItems"]',
+        ),
+        (
+            {"type": "json", "value": {"properties": {"a": IMPOSSIBLE}, "required": ["a"]}},
+            "cannot compile regex from schema: Unsatisfiable schema: required property 'a'",
+        ),
+        (
+            {"type": "json", "value": {"properties": {"a": {"$ref": "#/$defs/x"}}}},
+            "cannot compile regex from schema: Pointer '/$defs/x' does not exist",
+        ),
+        ({"type": "regex", "value": "(?<=a)b"}, "grammar is not valid: "),
+        ({"type": "regex", "value": "(a)\\1"}, "grammar is not valid: "),
+        (
+            {"type": "json", "value": {"properties": {"a": {"enum": ["x" * 100] * 6000}}}},
+            "more than the limit of 524288",
+        ),
+    ],
+)
+async def test_grammars_the_engine_cannot_compile_are_422(grammar_validator, grammar, message):
+    with pytest.raises(ValidationError) as info:
+        await grammar_validator.validate("Hello", P(grammar=grammar))
+    assert info.value.message.startswith("Input validation error: ")
+    assert message in info.value.message and "\n" not in info.value.message
+    assert info.value.status_code == 422
+
+
+async def test_strict_false_ignores_what_cannot_be_enforced(grammar_validator):
+    schema = {"properties": {"a": {"type": "array"}}, "uniqueItems": True}
+    value = {"name": "n", "strict": False, "schema": schema}
+    req = await grammar_validator.validate("Hi", P(grammar={"type": "json_schema", "value": value}))
+    assert req.grammar.strict is False
+
+
+async def test_disabled_grammar_wins_over_engine_support(tokenizer, limits, cache_info):
+    v = Validator(
+        tokenizer, limits, cache_info, disable_grammar_support=True, engine_supports_grammar=True
+    )
+    await reject(v, "grammar is not supported", grammar={"type": "regex", "value": "a"})
 
 
 def test_params_accept_nulls_and_ignore_unknown_fields():

@@ -1,0 +1,46 @@
+"""Apply token bitmasks to logits in the sampler (torch; the rest of pytgi.grammar is torch-free).
+
+TGI's order: watermark → repetition and frequency penalty → **grammar** → temperature → top-k →
+top-p → typical-p → choice. Only the rows that have a grammar are touched; a banned token's score
+becomes -inf, so greedy, seeded sampling and the reported logprobs all see the constrained
+distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def banned_tokens(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """bool [R, vocab_size], True where `bitmask` (int32 [R, W]) does not allow the token.
+
+    Tokens past the bitmask's 32 * W ids are banned. numpy unpacks the inverted bits in one pass
+    (a zero-copy uint8 → bool view); it is ~1 ms for 16 rows of a 49k vocabulary (PERFORMANCE.md).
+    """
+    covered = min(vocab_size, bitmask.shape[1] * 32)
+    inverted = np.invert(np.ascontiguousarray(bitmask).view(np.uint8))
+    bits = np.unpackbits(inverted, axis=1, count=covered, bitorder="little")  # [R, covered]
+    if covered < vocab_size:
+        bits = np.pad(bits, ((0, 0), (0, vocab_size - covered)), constant_values=1)
+    return torch.from_numpy(bits).view(torch.bool)
+
+
+def apply_token_bitmask_(
+    scores: torch.Tensor, bitmask: np.ndarray, rows: Sequence[int] | None = None
+) -> torch.Tensor:
+    """Set banned tokens to -inf, in place: scores [B, V] float, bitmask int32 [R, W].
+
+    `rows[i]` is the scores row that bitmask row i constrains (default: row i, R == B). Rows not
+    listed are left as they are.
+    """
+    if rows is not None and len(rows) != bitmask.shape[0]:
+        raise ValueError(f"{len(rows)} rows for a bitmask of {bitmask.shape[0]}")
+    banned = banned_tokens(bitmask, scores.shape[1]).to(scores.device)  # [R, V]
+    if rows is None:
+        return scores.masked_fill_(banned, float("-inf"))
+    for i, row in enumerate(rows):
+        scores[row].masked_fill_(banned[i], float("-inf"))
+    return scores
