@@ -148,8 +148,10 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
     """Engine process entry point: load, warm up, report ready, then step until told to stop."""
     from pytgi.engine.engine_core import EngineCore
     from pytgi.utils.logging import setup_logging
+    from pytgi.utils.process import ignore_terminal_interrupts
 
     setup_logging(json_output=json_logs)
+    ignore_terminal_interrupts()  # the launcher drains on Ctrl-C, then sends "stop"
 
     def report_rank_death(reason: str) -> None:  # from the rank monitor thread
         results.put(("dead", reason, None))

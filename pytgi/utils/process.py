@@ -1,4 +1,5 @@
-"""Helpers for the server's child processes: exit codes in words, and exiting with the parent."""
+"""Helpers for the server's child processes: exit codes in words, exiting with the parent, and
+leaving Ctrl-C to the launcher."""
 
 from __future__ import annotations
 
@@ -35,3 +36,10 @@ def exit_when_orphaned(parent_pid: int, exit_code: int = 1) -> threading.Thread:
     thread = threading.Thread(target=watch, name="pytgi-orphan-watch", daemon=True)
     thread.start()
     return thread
+
+
+def ignore_terminal_interrupts() -> None:
+    """Ctrl-C in a terminal sends SIGINT to the whole process group, children included; only the
+    launcher may act on it (it drains in-flight requests, then stops the engine, which stops its
+    ranks). A child that died of it first would fail the very requests being drained."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -122,9 +122,10 @@ def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports, parent
     if it fails, so that rank 0 can say why a shard died; a failed rank then exits with code 1. A
     rank whose engine process (`parent_pid`) is gone exits at once: nobody else would end it."""
     from pytgi.utils.logging import setup_logging
-    from pytgi.utils.process import exit_when_orphaned
+    from pytgi.utils.process import exit_when_orphaned, ignore_terminal_interrupts
 
     setup_logging()
+    ignore_terminal_interrupts()
     exit_when_orphaned(parent_pid)
     reports.put(("started", rank, ""))
     try:

@@ -1,7 +1,8 @@
-"""Tensor-parallel faults through the real launcher (`pytgi serve --num-shard 2`): a rank killed while
-idle or while a stream is open, a rank that fails during start-up, and a rank that stops answering
-in a collective. Each must end the server: open requests fail with TGI's error, /health answers
-503, the launcher exits non-zero with the reason as its last line, and no process is left behind.
+"""Tensor-parallel faults through the real launcher (`pytgi serve --num-shard 2`): a rank killed
+while idle or while a stream is open, a rank that fails during start-up, and a rank that stops
+answering in a collective. Each must end the server: open requests fail with TGI's error, /health
+answers 503, the launcher exits non-zero with the reason as its last line, and no process is left
+behind. A Ctrl-C, which reaches every process, must still drain in-flight requests.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -190,9 +192,11 @@ def test_a_rank_killed_during_a_stream_fails_the_stream(tp_server):
 def test_a_rank_that_stops_answering_is_bounded_by_the_collective_timeout(tp_server):
     server = tp_server(PYTGI_TP_COLLECTIVE_TIMEOUT_S="4")
     (rank,) = server.rank_pids()
+    body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 4}}
+    time.sleep(5)  # idle ranks wait for the next step without the collective timeout
+    assert httpx.post(f"{server.url}/generate", json=body, timeout=60).status_code == 200
     os.kill(rank, signal.SIGSTOP)  # alive, but never joins another collective
     start = time.monotonic()
-    body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 4}}
     resp = httpx.post(f"{server.url}/generate", json=body, timeout=60)
     assert resp.status_code == 424
     error = resp.json()["error"]
@@ -202,6 +206,27 @@ def test_a_rank_that_stops_answering_is_bounded_by_the_collective_timeout(tp_ser
     assert server.wait_exit() != 0
     assert "Shard failed: a tensor-parallel step failed on rank 0" in server.last_line()
     server.assert_nothing_left()  # the stopped rank too
+
+
+def test_ctrl_c_drains_in_flight_requests_and_ends_every_rank(tp_server):
+    """A terminal's Ctrl-C reaches the whole process group: only the launcher may act on it."""
+    server = tp_server()
+    result = {}
+
+    def generate() -> None:
+        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 200}}
+        result["resp"] = httpx.post(f"{server.url}/generate", json=body, timeout=60)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    time.sleep(1.0)
+    for pid in [server.proc.pid, *server.watch()]:
+        os.kill(pid, signal.SIGINT)
+    thread.join(60)
+    assert server.wait_exit() == 0, server.logs()
+    assert result["resp"].status_code == 200, result["resp"].text
+    assert "Traceback" not in server.logs() and "KeyboardInterrupt" not in server.logs()
+    server.assert_nothing_left()
 
 
 @pytest.mark.parametrize(
