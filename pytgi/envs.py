@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 _TRUE = {"1", "true", "yes", "on"}
+_MAX_TIMEOUT_S = 1e7
 
 
 def get(name: str) -> str | None:
@@ -54,3 +55,37 @@ def device_config():
         kernels=get_bool("PYTGI_CPU_KERNELS", default=True),
         decode_accelerator=get_bool("PYTGI_FUSED_DECODE", default=True),
     )
+
+
+def tp_collective_timeout_s() -> float:
+    """PYTGI_TP_COLLECTIVE_TIMEOUT_S (default 60): how long a tensor-parallel rank waits in one
+    collective of a step (or in the group's rendezvous) for the other ranks. Past it the engine is
+    declared dead: a rank that stops answering ends the server instead of hanging it. Ranks idling
+    between steps are not bounded by it."""
+    return _positive_float("PYTGI_TP_COLLECTIVE_TIMEOUT_S", 60.0)
+
+
+def test_rank_fault() -> tuple[int, str] | None:
+    """PYTGI_TEST_RANK_FAULT="<rank>:<stage>" (tests only): that tensor-parallel rank raises at the
+    named start-up stage (`load`, `warmup`), so fault handling can be tested through the real
+    launcher."""
+    value = get("PYTGI_TEST_RANK_FAULT")
+    if value is None:
+        return None
+    rank, _, stage = value.partition(":")
+    if not rank.strip().isdigit() or not stage.strip():
+        raise ValueError(f"PYTGI_TEST_RANK_FAULT must be '<rank>:<stage>', got {value!r}")
+    return int(rank), stage.strip()
+
+
+def _positive_float(name: str, default: float) -> float:
+    value = get(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number <= _MAX_TIMEOUT_S:
+        raise ValueError(f"{name} must be a number of seconds in (0, 1e7], got {value!r}")
+    return number

@@ -1,7 +1,7 @@
 """`pytgi serve` / `text-generation-launcher`: resolve the model, start the engine process, wait for
-its warm-up, then open the HTTP port. Supervises the engine (its death ends the server with exit
-code 1) and drains in-flight requests on SIGTERM for up to `--graceful-termination-timeout`
-seconds (exit code 0).
+its warm-up, then open the HTTP port. Supervises the engine (its death, or the death of one of its
+tensor-parallel ranks, ends the server with exit code 1 and the reason as the last line) and drains
+in-flight requests on SIGTERM for up to `--graceful-termination-timeout` seconds (exit code 0).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ async def run_http(app, server_cfg, engine) -> int:
     engine_died = not engine.is_alive and not server.drained_by_signal
     await engine.shutdown()
     if engine_died:
-        logger.error("Shard failed: the engine process died; shutting down")
+        logger.error("Shard failed: %s", engine.death_reason)  # the last line: why it ended
         return 1
     logger.info("Shut down cleanly")
     return 0
@@ -131,7 +131,7 @@ async def _supervise(server, app, engine) -> None:
         await asyncio.sleep(0.5)
         if not engine.is_alive:
             app.state.health.set("dead")
-            logger.error("Shard failed: the engine process is gone")
+            logger.warning("The engine is gone: /health answers 503; shutting down")
             server.should_exit = True
             return
 

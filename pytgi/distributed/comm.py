@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
@@ -37,10 +39,22 @@ def tp_gather_to_first_rank(x: torch.Tensor, dim: int = -1) -> torch.Tensor | No
 
 def control_broadcast(tensor: torch.Tensor) -> torch.Tensor:
     """Broadcast a CPU int64 tensor from rank 0 over the control group, in place; the other
-    ranks pass a buffer of the right shape."""
+    ranks pass a buffer of the right shape. Ranks 1..N-1 may wait here indefinitely (between
+    steps); rank 0's send is bounded by the collective timeout."""
     if get_tp_info().world_size > 1:
         dist.broadcast(tensor, src=0, group=get_control_group())
     return tensor
+
+
+def tp_barrier(timeout_s: float) -> None:
+    """Wait up to `timeout_s` until every rank gets here (e.g. all have loaded their shard, so that
+    the collective timeout of the steps that follow measures skew within a step, not load time)."""
+    if get_tp_info().world_size == 1:
+        return
+    if dist.get_backend() == "gloo":  # names the rank that did not arrive
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+    else:
+        dist.barrier()
 
 
 def tp_min(value: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
@@ -16,6 +17,7 @@ from pytgi.engine.kv_cache_manager import KVCacheManager
 from pytgi.engine.outputs import RequestOutput, SchedulerOutput
 from pytgi.engine.request import EngineRequest, Request
 from pytgi.engine.scheduler import Scheduler
+from pytgi.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +34,14 @@ class EngineCore:
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> EngineCore:
+    def from_config(
+        cls, config: EngineConfig, on_rank_death: Callable[[str], None] | None = None
+    ) -> EngineCore:
+        """`on_rank_death(message)`: called once, from another thread, if a tensor-parallel rank
+        dies (at start-up too), so the caller can report it before the next step fails."""
         from pytgi.worker.executor import create_executor
 
-        executor = create_executor(config)
+        executor = create_executor(config, on_rank_death)
         cache_info = executor.initialize()
         return cls(config, executor, cache_info)
 
@@ -55,6 +61,8 @@ class EngineCore:
         start = time.perf_counter()
         try:
             model_output = self.executor.execute(scheduler_output)
+        except EngineDeadError:  # a shard is gone or out of step: no later step can run
+            raise
         except Exception as exc:  # a failed forward fails its batch, not the engine
             logger.exception("step failed")
             return self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")

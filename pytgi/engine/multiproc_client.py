@@ -1,7 +1,9 @@
 """MultiprocEngineClient: the EngineCore runs in its own process, so the HTTP event loop never waits
 for a forward pass. Commands go down one queue, per-step deltas (with a stats snapshot) come back
 on another; a reader thread routes them to the per-request streams. The engine process exits when
-its parent dies.
+its parent dies. When a tensor-parallel rank dies (or the ranks fall out of step) the engine sends
+("dead", reason) at once and ends: the client is dead from then on and every stream fails with the
+reason.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class MultiprocEngineClient:
         self._router = OutputRouter(self._send_abort)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
         self._dead = False
+        self._death: str | None = None  # why the engine ended, as it reported it
         self._reader = threading.Thread(target=self._read, name="pytgi-engine-reader", daemon=True)
         self._reader.start()
 
@@ -47,8 +50,8 @@ class MultiprocEngineClient:
         process = ctx.Process(target=run_engine, args=args, name="pytgi-engine")
         process.start()
         kind, payload = _wait_ready(process, results, timeout_s)
-        if kind != "ready":
-            process.join(5)
+        if kind != "ready":  # "error", or "dead": a rank failed while rank 0 may still be loading
+            _end_process(process, grace_s=5.0)
             raise ModelLoadError(payload)
         return cls(process, commands, results, payload)
 
@@ -72,6 +75,11 @@ class MultiprocEngineClient:
     @property
     def is_alive(self) -> bool:
         return not self._dead and self._process.is_alive()
+
+    @property
+    def death_reason(self) -> str:
+        """Why the engine ended (a shard's death, in the engine's words), once it has."""
+        return self._death or "the engine process is gone"
 
     @property
     def pid(self) -> int | None:
@@ -102,12 +110,24 @@ class MultiprocEngineClient:
             if kind == "outputs":
                 self._stats = stats
                 self._router.deliver(outputs)
+            elif kind == "dead":  # the payload is the reason; the launcher ends with it
+                self._death = outputs
+                break
             elif kind == "stopped":
                 break
         self._dead = True
-        code = self._process.exitcode
-        logger.error("engine process exited (code %s)", code)
-        self._router.fail_all(f"engine process exited (code {code})")
+        if self._death is None:
+            code = self._process.exitcode
+            logger.error("engine process exited (code %s)", code)
+            self._death = f"engine process exited (code {code})"
+        self._router.fail_all(self._death)
+
+
+def _end_process(process, grace_s: float) -> None:
+    process.join(grace_s)
+    if process.is_alive():
+        process.kill()  # its ranks exit by themselves once their parent is gone
+        process.join(5)
 
 
 def _wait_ready(process, results, timeout_s: float) -> tuple[str, object]:
@@ -128,10 +148,16 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
     """Engine process entry point: load, warm up, report ready, then step until told to stop."""
     from pytgi.engine.engine_core import EngineCore
     from pytgi.utils.logging import setup_logging
+    from pytgi.utils.process import ignore_terminal_interrupts
 
     setup_logging(json_output=json_logs)
+    ignore_terminal_interrupts()  # the launcher drains on Ctrl-C, then sends "stop"
+
+    def report_rank_death(reason: str) -> None:  # from the rank monitor thread
+        results.put(("dead", reason, None))
+
     try:
-        core = EngineCore.from_config(config)
+        core = EngineCore.from_config(config, on_rank_death=report_rank_death)
     except Exception as exc:  # reported to the launcher, which exits with the message
         logger.exception("engine start-up failed")
         results.put(("error", f"{type(exc).__name__}: {exc}", None))
@@ -139,6 +165,9 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
     results.put(("ready", core.cache_info, None))
     try:
         _loop(core, commands, results, parent_pid)
+    except EngineDeadError as exc:  # a shard died or the ranks fell out of step
+        results.put(("dead", exc.message, None))
+        raise SystemExit(1) from None
     finally:
         core.shutdown()
         results.put(("stopped", None, None))

@@ -2,30 +2,33 @@
 
 `UniprocExecutor` runs the single rank in the engine process. `MultiprocExecutor` runs rank 0 there
 too and spawns ranks 1..N-1; rank 0 sends each step's inputs to the others (`step_transport`),
-every rank runs its shard, and only rank 0 samples. A rank that died turns the next step into an
-EngineDeadError.
+every rank runs its shard, and only rank 0 samples. With more than one rank any fault (a rank's
+death, a failed or timed-out collective, an error in a step) is an EngineDeadError: the engine
+ends, never one batch.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import time
+import re
+from collections.abc import Callable
 
-import torch.multiprocessing as mp
-
+from pytgi import envs
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.parallel_state import destroy_distributed
 from pytgi.engine.executor import Executor
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
-from pytgi.errors import EngineDeadError
+from pytgi.errors import EngineDeadError, PytgiError
 from pytgi.worker.step_transport import send_step
-from pytgi.worker.worker import Worker, run_worker
+from pytgi.worker.supervisor import RankSupervisor
+from pytgi.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 300.0  # spawned ranks import torch and pytgi before they report in
+_GLOO_SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+RANK_EXIT_WAIT_S = 2.0  # after a failed collective: time for a crashed peer's exit to be seen
 
 
 def _model_dir(config: EngineConfig):
@@ -53,110 +56,110 @@ class UniprocExecutor(Executor):
 
 
 class MultiprocExecutor(Executor):
-    def __init__(self, config: EngineConfig):
+    """Rank 0 here, ranks 1..N-1 in processes that a RankSupervisor watches. A rank that dies, a
+    failed collective, or one that waits past the collective timeout ends the engine (an
+    EngineDeadError from `execute`, and `on_rank_death` at once from the monitor thread): the
+    ranks may have stopped at different collectives, so no later step could be trusted."""
+
+    def __init__(self, config: EngineConfig, on_rank_death: Callable[[str], None] | None = None):
         self.config = config
         self.worker: Worker | None = None
-        self.procs: list = []
-        self.reports = None  # queue of ("started" | "failed", rank, message) from spawned ranks
-        self.failures: dict[int, str] = {}
+        self.supervisor = RankSupervisor(config, on_death=on_rank_death)
         self.ready = False  # every rank initialised and following rank 0's broadcasts
+        self.broken = False  # a step failed: the ranks are out of step
 
     def initialize(self) -> CacheInfo:
         model_dir = _model_dir(self.config)
-        ctx = mp.get_context("spawn")
-        self.reports = ctx.Queue()
-        for rank in range(1, self.config.parallel.num_shard):
-            proc = ctx.Process(
-                target=run_worker,
-                args=(self.config, rank, model_dir, self.reports),
-                name=f"pytgi-tp-rank-{rank}",
-                daemon=True,
-            )
-            proc.start()
-            self.procs.append(proc)
+        self.supervisor.start(model_dir)
         try:
-            self._wait_started()
+            self.supervisor.wait_started(START_TIMEOUT_S)
             self.worker = Worker(self.config, rank=0)
             cache_info = self.worker.initialize(model_dir)
-        except Exception as e:
-            try:
-                if isinstance(e, RuntimeError):  # a collective failed: was it a dead rank?
-                    self._check_ranks(wait_s=2.0, cause=e)
+        except Exception as exc:
+            failure = self._start_failure(exc)
+            self._shutdown_after_failed_start()
+            if failure is exc:
                 raise
-            finally:
-                self.shutdown()
+            raise failure from None  # the rank's own error says why; this rank only saw it go
         self.ready = True
         return cache_info
 
-    def _wait_started(self) -> None:
-        """Wait until every spawned rank is about to join the group, so that a rank that fails to
-        start is reported at once rather than after the process-group timeout."""
-        pending = set(range(1, self.config.parallel.num_shard))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while pending:
-            try:
-                kind, rank, message = self.reports.get(timeout=0.5)
-            except queue.Empty:
-                self._check_ranks()
-                if time.monotonic() > deadline:
-                    raise EngineDeadError(
-                        f"tensor-parallel ranks {sorted(pending)} did not start within "
-                        f"{START_TIMEOUT_S:.0f}s"
-                    ) from None
-                continue
-            pending.discard(rank)
-            if kind == "failed":
-                self.failures[rank] = message
-
-    def _check_ranks(self, wait_s: float = 0.0, cause: BaseException | None = None) -> None:
-        """Raise EngineDeadError (with the rank's own error when it reported one) if a rank died."""
-        deadline = time.monotonic() + wait_s
-        for rank, proc in enumerate(self.procs, start=1):
-            proc.join(max(0.0, deadline - time.monotonic()))  # 0: just poll
-            if proc.is_alive():
-                continue
-            self._drain_reports()
-            reason = self.failures.get(rank, "see its log above")
-            raise EngineDeadError(
-                f"tensor-parallel rank {rank} died (exit code {proc.exitcode}): {reason}. "
-                "The server cannot continue with a missing shard."
-            ) from cause
-
-    def _drain_reports(self) -> None:
-        while True:
-            try:
-                kind, rank, message = self.reports.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "failed":
-                self.failures[rank] = message
-
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        self._check_ranks()
+        self.supervisor.check()
         try:
-            return self.worker.execute(scheduler_output)
-        except RuntimeError as e:
-            self._check_ranks(wait_s=2.0, cause=e)
-            raise
+            return self.worker.execute(scheduler_output)  # sends the step's inputs to the ranks
+        except Exception as exc:
+            raise self._step_failure(exc) from exc
 
     def shutdown(self) -> None:
-        if self.ready and all(p.is_alive() for p in self.procs):
-            send_step(None)  # the ranks leave their step loop
-        for proc in self.procs:
-            proc.join(SHUTDOWN_TIMEOUT_S if self.ready else 0.0)
-            if proc.is_alive():
-                logger.warning("rank process %s did not exit; terminating it", proc.name)
-                proc.terminate()
-                proc.join(SHUTDOWN_TIMEOUT_S)
-        self.procs = []
+        self.supervisor.stop_monitoring()
+        released = self._release_ranks()
+        self.supervisor.end_ranks(grace_s=SHUTDOWN_TIMEOUT_S if released else 0.0)
         self.ready = False
         if self.worker is not None:
             self.worker.shutdown()
             self.worker = None
         destroy_distributed()
 
+    def _release_ranks(self) -> bool:
+        """Tell the ranks to leave their step loop; False where they cannot follow (start-up
+        failed, a step failed, a rank died): they are killed instead."""
+        if not self.ready or self.broken or self.supervisor.death is not None:
+            return False
+        try:
+            send_step(None)
+        except Exception as exc:
+            logger.warning("could not release the tensor-parallel ranks: %s", exc)
+            return False
+        return True
 
-def create_executor(config: EngineConfig) -> Executor:
+    def _start_failure(self, exc: Exception) -> Exception:
+        """The error that says why start-up failed: rank 0's own typed error (a shard that cannot
+        be built fails alike on every rank), else a rank's death, else what rank 0 saw."""
+        if isinstance(exc, PytgiError) and not isinstance(exc, EngineDeadError):
+            return exc
+        return self._rank_death(exc)
+
+    def _step_failure(self, exc: Exception) -> EngineDeadError:
+        self.broken = True
+        failure = self._rank_death(exc)
+        if isinstance(failure, EngineDeadError):
+            return failure
+        message = f"a tensor-parallel step failed on rank 0: {_describe(exc)}"
+        if "timed out" in message.lower():
+            message += (
+                f" (a rank did not answer within {envs.tp_collective_timeout_s():g}s, "
+                "PYTGI_TP_COLLECTIVE_TIMEOUT_S)"
+            )
+        return EngineDeadError(message)
+
+    def _rank_death(self, exc: Exception) -> Exception:
+        """The dead rank's EngineDeadError if one died (give the monitor a moment), else `exc`."""
+        if isinstance(exc, EngineDeadError):
+            return exc
+        try:
+            self.supervisor.check(wait_s=RANK_EXIT_WAIT_S)
+        except EngineDeadError as dead:
+            return dead
+        return exc
+
+    def _shutdown_after_failed_start(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # never let clean-up hide why start-up failed
+            logger.debug("clean-up after a failed start-up raised", exc_info=True)
+
+
+def _describe(exc: Exception) -> str:
+    """`RuntimeError: Timed out ...` without gloo's `[/path/to/file.cc:78] ` prefix."""
+    return f"{type(exc).__name__}: {_GLOO_SOURCE_PREFIX.sub('', str(exc))}"
+
+
+def create_executor(
+    config: EngineConfig, on_rank_death: Callable[[str], None] | None = None
+) -> Executor:
+    """`on_rank_death(message)` is called once, from a monitor thread, when a tensor-parallel rank
+    dies (never for a single shard)."""
     if config.parallel.num_shard == 1:
         return UniprocExecutor(config)
-    return MultiprocExecutor(config)
+    return MultiprocExecutor(config, on_rank_death)

@@ -6,22 +6,26 @@ header means shut down.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheInfo, EngineConfig
-from pytgi.distributed.comm import tp_min
+from pytgi.distributed.comm import tp_barrier, tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
 from pytgi.engine.outputs import ModelOutput, SchedulerOutput
-from pytgi.errors import ModelLoadError
+from pytgi.errors import ModelLoadError, PytgiError
 from pytgi.worker.model_runner import ModelRunner
 from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
 
 logger = logging.getLogger(__name__)
+
+LOAD_WAIT_TIMEOUT_S = 600.0  # how long ranks wait for each other to finish loading their shard
 
 
 class Worker:
@@ -46,11 +50,14 @@ class Worker:
     def initialize(self, model_dir: Path) -> CacheInfo:
         """Load, warm up, size and allocate the KV cache; all ranks end with the same num_blocks."""
         t0 = time.perf_counter()
+        _inject_test_fault(self.rank, "load")
         self.runner.load_model(model_dir)
+        tp_barrier(LOAD_WAIT_TIMEOUT_S)  # from here on, ranks wait on each other only within a step
         t1 = time.perf_counter()
         prefill_tokens = min(
             self.config.scheduler.max_batch_prefill_tokens, MAX_WARMUP_PREFILL_TOKENS
         )
+        _inject_test_fault(self.rank, "warmup")
         self.runner.warm_up(prefill_tokens)
         t2 = time.perf_counter()
         num_blocks = tp_min(self._num_blocks())
@@ -103,20 +110,38 @@ class Worker:
         destroy_distributed()
 
 
-def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports) -> None:
-    """Entry point of ranks 1..N-1 (spawned by MultiprocExecutor). `reports` (a multiprocessing
+def _inject_test_fault(rank: int, stage: str) -> None:
+    """Tests only: PYTGI_TEST_RANK_FAULT="<rank>:<stage>" makes that rank fail at that stage."""
+    if envs.test_rank_fault() == (rank, stage):
+        raise RuntimeError(f"fault injected at {stage} by PYTGI_TEST_RANK_FAULT")
+
+
+def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports, parent_pid: int) -> None:
+    """Entry point of ranks 1..N-1 (spawned by RankSupervisor). `reports` (a multiprocessing
     queue) gets ("started", rank, "") before the rank joins the group and ("failed", rank, error)
-    if it fails, so that rank 0 can say why a shard died."""
+    if it fails, so that rank 0 can say why a shard died; a failed rank then exits with code 1. A
+    rank whose engine process (`parent_pid`) is gone exits at once: nobody else would end it."""
     from pytgi.utils.logging import setup_logging
+    from pytgi.utils.process import exit_when_orphaned, ignore_terminal_interrupts
 
     setup_logging()
+    ignore_terminal_interrupts()
+    exit_when_orphaned(parent_pid)
     reports.put(("started", rank, ""))
     try:
         worker = Worker(config, rank)
         worker.initialize(model_dir)
         while (inputs := receive_step(worker.runner.device)) is not None:
             worker.runner.execute_inputs(inputs)
-    except Exception as e:
-        reports.put(("failed", rank, f"{type(e).__name__}: {e}"))
-        raise
+    except Exception as exc:
+        _report_failure(reports, rank, exc)
+        sys.exit(1)
     worker.shutdown()
+
+
+def _report_failure(reports, rank: int, exc: Exception) -> None:
+    """Send the reason to rank 0, which names it when it ends the engine. A typed error's message
+    says it all; anything else is logged here with its traceback."""
+    reports.put(("failed", rank, f"{type(exc).__name__}: {exc}"))
+    if not isinstance(exc, PytgiError):
+        logger.exception("tensor-parallel rank %d failed", rank)

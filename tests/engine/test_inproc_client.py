@@ -76,3 +76,26 @@ def test_a_dead_engine_fails_open_streams():
     tokens, last, alive = asyncio.run(main())
     assert tokens == [] and last.finished and "boom" in last.error
     assert alive  # a failed step fails its batch; the engine keeps serving
+
+
+def test_an_engine_dead_error_in_a_step_ends_the_engine():
+    """A dead tensor-parallel rank is not one batch's failure: the engine stops serving."""
+    from pytgi.errors import EngineDeadError
+
+    class LostShard(FakeExecutor):
+        def execute(self, out):
+            raise EngineDeadError("tensor-parallel rank 1 died (exit code -9: SIGKILL)")
+
+    async def main():
+        core, _ = make_core()
+        core.executor = LostShard()
+        client = InprocEngineClient(core)
+        tokens, last = await collect(client.generate(request("x", [1, 2], max_new=3)))
+        alive = client.is_alive
+        await client.shutdown()
+        return tokens, last, alive
+
+    tokens, last, alive = asyncio.run(main())
+    assert tokens == [] and last.finished
+    assert last.error == "EngineDeadError: tensor-parallel rank 1 died (exit code -9: SIGKILL)"
+    assert not alive

@@ -1,5 +1,6 @@
 """MultiprocExecutor with two gloo ranks gives the single-process results (tokens and logprobs,
-including prefill logprobs), and a rank that dies turns the next step into EngineDeadError."""
+including prefill logprobs), and a rank that dies turns the next step into EngineDeadError. Faults
+through the real launcher: tests/e2e/test_tp_faults.py."""
 
 from __future__ import annotations
 
@@ -89,25 +90,39 @@ def test_two_shards_match_one_and_detect_a_dead_rank(tiny_model_factory):
                     rtol=0,
                     equal_nan=True,
                 )
-        sharded.procs[0].kill()
-        with pytest.raises(EngineDeadError, match="tensor-parallel rank 1 died"):
+        sharded.supervisor.procs[1].kill()
+        with pytest.raises(EngineDeadError, match=r"tensor-parallel rank 1 died \(exit code -9"):
             sharded.execute(step(scheduled("c", [5, 6], 0, 2, [0])))
     finally:
         sharded.shutdown()
+    assert not sharded.supervisor.procs
 
 
-def test_dead_rank_error_carries_the_rank_error():
-    import multiprocessing
+def failing_rank(config, rank, model_dir, reports, parent_pid) -> None:
+    """A spawned rank that starts, reports why it fails, and exits with code 1."""
     import sys
 
-    from pytgi.worker.executor import MultiprocExecutor
+    reports.put(("started", rank, ""))
+    reports.put(("failed", rank, "ModelLoadError: the checkpoint is missing 1 tensor(s)"))
+    sys.exit(1)
 
-    executor = MultiprocExecutor(config("unused", 2))
-    ctx = multiprocessing.get_context("fork")
-    executor.reports = ctx.Queue()
-    executor.reports.put(("failed", 1, "ModelLoadError: the checkpoint is missing 1 tensor(s)"))
-    proc = ctx.Process(target=sys.exit, args=(1,))
-    proc.start()
-    executor.procs = [proc]
-    with pytest.raises(EngineDeadError, match=r"rank 1 died \(exit code 1\): ModelLoadError: the"):
-        executor._check_ranks(wait_s=5.0)
+
+def test_a_rank_death_is_reported_once_with_the_rank_error():
+    from pytgi.worker.supervisor import RankSupervisor
+
+    deaths = []
+    supervisor = RankSupervisor(config("unused", 2), on_death=deaths.append)
+    supervisor.start("unused", target=failing_rank)
+    try:
+        with pytest.raises(EngineDeadError) as raised:
+            supervisor.wait_started(timeout_s=60)
+            supervisor.check(wait_s=60)
+    finally:
+        supervisor.stop_monitoring()
+        supervisor.end_ranks(grace_s=0)
+    expected = (
+        "tensor-parallel rank 1 failed (exit code 1): "
+        "ModelLoadError: the checkpoint is missing 1 tensor(s)"
+    )
+    assert raised.value.message == expected
+    assert deaths == [expected]
