@@ -135,5 +135,5 @@ def test_partial_rotary_leaves_the_tail():
 
 
 def test_unknown_rope_type_is_a_load_error():
-    with pytest.raises(ModelLoadError, match="unsupported rope_scaling type 'longrope'"):
-        get_rope(16, 16, 32, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ModelLoadError, match="unsupported rope_scaling type .made_up."):
+        get_rope(16, 16, 32, 10000.0, {"rope_type": "made_up", "factor": 2.0})

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
+from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
 from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
@@ -15,22 +17,35 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
+MAX_MODEL_LEN = 256  # past a tiny model's max_position_embeddings for some (dynamic rope)
+
+
 def engine_config(model_dir: Path, **cache) -> EngineConfig:
-    return EngineConfig(model=ModelConfig(model_id=str(model_dir)), cache=CacheConfig(**cache))
+    model = ModelConfig(model_id=str(model_dir), max_model_len=MAX_MODEL_LEN)
+    return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
 def make_runner(model_dir: Path, num_blocks: int = 128) -> ModelRunner:
-    runner = ModelRunner(engine_config(model_dir), select_platform())
+    """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
+    runner = ModelRunner(engine_config(model_dir), select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
     return runner
+
+
+def reference_attention(model_dir: Path) -> str:
+    """transformers' eager attention, except for Falcon with ALiBi: its eager path adds the ALiBi
+    bias twice (once itself, once inside the causal mask it builds), unlike its SDPA path and the
+    original Falcon-RW code, which add it once."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return "sdpa" if config.get("model_type") == "falcon" and config.get("alibi") else "eager"
 
 
 def load_hf(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, attn_implementation="eager", dtype=torch.float32
+        model_dir, attn_implementation=reference_attention(model_dir), dtype=torch.float32
     )
     model.generation_config.eos_token_id = None  # greedy comparisons never stop early
     return model.eval()
