@@ -19,9 +19,10 @@ from transformers only for a single prefill longer than max_position_embeddings,
 rotates with the frequencies of the whole prompt's length.
 
 LongRoPE (Phi-3's "su"/"longrope") the same way: position p < original_max_position_embeddings
-uses the short factors, later positions the long ones, which is what transformers' generate() does
-token by token; a single prefill longer than the original length differs (transformers rotates all
-of it with the long factors).
+uses the short factors, later positions the long ones, for the same reasons (batch- and
+chunking-independent, cached K/V stay valid). transformers differs for every sequence longer than
+the original length: its Phi-3 drops the KV cache when a sequence crosses it and recomputes the
+whole sequence with the long factors; TGI and vLLM pick the factors per batch instead.
 """
 
 from __future__ import annotations
@@ -180,16 +181,6 @@ class RotaryEmbedding(nn.Module):
         self.cos_table = torch.cat([cos, cos], dim=-1)  # [L, dim]
         # rotate-half folded into a sign: x * cos + swap_halves(x) * [-sin | sin]
         self.sin_table = torch.cat([-sin, sin], dim=-1)  # [L, dim]
-
-    @property
-    def num_positions(self) -> int:
-        return self.cos_table.shape[0]
-
-    def reserve(self, num_positions: int) -> None:
-        """Cover positions < num_positions (grown geometrically). The model runner calls it
-        before a step's forward with the step's longest sequence: never inside the forward."""
-        if num_positions > self.num_positions:
-            self._build_table(max(num_positions, 2 * self.num_positions))
 
     @property
     def num_positions(self) -> int:

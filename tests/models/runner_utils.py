@@ -17,12 +17,8 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-MAX_MODEL_LEN = 256  # past a tiny model's max_position_embeddings for some (dynamic rope)
-
-
 def engine_config(model_dir: Path, **cache) -> EngineConfig:
-    model = ModelConfig(model_id=str(model_dir), max_model_len=MAX_MODEL_LEN)
-    return EngineConfig(model=model, cache=CacheConfig(**cache))
+    return EngineConfig(model=ModelConfig(model_id=str(model_dir)), cache=CacheConfig(**cache))
 
 
 def make_runner(model_dir: Path, num_blocks: int = 128) -> ModelRunner:
