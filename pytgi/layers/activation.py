@@ -4,7 +4,8 @@ ones on a single projection (`ACTIVATIONS`), by their Hugging Face `hidden_act` 
 GELU comes in two spellings: exact (erf, "gelu") and the tanh approximation ("gelu_new",
 "gelu_pytorch_tanh", "gelu_fast": the same function, transformers' formulas differ in rounding
 only). The compiled CPU kernels fuse a gated activation with its product (one pass instead of two
-strided ops and an intermediate); a plain GELU is already one vectorised ATen op.
+strided ops and an intermediate), and run a plain GELU in one vectorised pass (2-3x F.gelu,
+docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ class GeluAndMul(CustomOp):
         return self.kernels.gelu_and_mul(x, self.approximate == "tanh")
 
 
-class Gelu(torch.nn.Module):
+class Gelu(CustomOp):
     def __init__(self, approximate: str = "none"):
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate=self.approximate)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous():
+            return self.forward_native(x)
+        return self.kernels.gelu(x, self.approximate == "tanh")
 
 
 class Silu(torch.nn.Module):

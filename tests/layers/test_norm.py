@@ -9,7 +9,7 @@ from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from pytgi.layers.activation import GeluAndMul, SiluAndMul
+from pytgi.layers.activation import Gelu, GeluAndMul, SiluAndMul
 from pytgi.layers.norm import LayerNorm, RMSNorm
 
 
@@ -95,3 +95,11 @@ def test_gelu_and_mul(cpu_kernels, approximate):
     x = torch.randn(4, 2 * 21) * 4  # 21: vector lanes and a scalar tail
     expected = torch.nn.functional.gelu(x[:, :21], approximate=approximate) * x[:, 21:]
     torch.testing.assert_close(GeluAndMul(approximate)(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_plain_gelu(cpu_kernels, approximate):
+    x = torch.randn(3, 37) * 4  # vector lanes and a scalar tail
+    expected = torch.nn.functional.gelu(x, approximate=approximate)
+    assert (Gelu(approximate).kernels is not None) == (cpu_kernels == "compiled")
+    torch.testing.assert_close(Gelu(approximate)(x), expected, rtol=1e-5, atol=1e-5)

@@ -333,20 +333,21 @@ inline float apply_mods(float* s, int64_t n, float scale, const ScoreMods& mods,
   float m = -std::numeric_limits<float>::infinity();
   int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  if (mods.softcap > 0.f) {
-    const __m256 sv = _mm256_set1_ps(scale / mods.softcap), cap = _mm256_set1_ps(mods.softcap);
-    const __m256 step = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
-    const __m256 slope = _mm256_set1_ps(mods.slope);
-    __m256 mv = _mm256_set1_ps(m);
-    for (; j + 8 <= n; j += 8) {
-      const __m256 x = tanh_ps(_mm256_mul_ps(_mm256_loadu_ps(s + j), sv));
-      const __m256 dist = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(origin + j)), step);
-      const __m256 y = _mm256_fmadd_ps(slope, dist, _mm256_mul_ps(x, cap));
-      _mm256_storeu_ps(s + j, y);
-      mv = _mm256_max_ps(mv, y);
-    }
-    m = hmax(mv);
+  const bool capped = mods.softcap > 0.f;
+  const __m256 sv = _mm256_set1_ps(capped ? scale / mods.softcap : scale);
+  const __m256 cap = _mm256_set1_ps(capped ? mods.softcap : 1.f);
+  const __m256 step = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+  const __m256 slope = _mm256_set1_ps(mods.slope);
+  __m256 mv = _mm256_set1_ps(m);
+  for (; j + 8 <= n; j += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), sv);
+    if (capped) x = _mm256_mul_ps(tanh_ps(x), cap);
+    const __m256 dist = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(origin + j)), step);
+    const __m256 y = _mm256_fmadd_ps(slope, dist, x);
+    _mm256_storeu_ps(s + j, y);
+    mv = _mm256_max_ps(mv, y);
   }
+  m = hmax(mv);
 #endif
   for (; j < n; ++j) {
     s[j] = apply_mods_scalar(s[j] * scale, mods, static_cast<float>(origin + j));

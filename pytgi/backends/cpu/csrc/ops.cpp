@@ -226,6 +226,21 @@ at::Tensor gelu_and_mul(const at::Tensor& x, bool tanh_approximation) {
   return out;
 }
 
+// x [..., n] contiguous -> gelu(x) (exact, or the tanh form): a plain MLP's activation.
+at::Tensor gelu(const at::Tensor& x, bool tanh_approximation) {
+  check_f32(x, "x");
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  const int64_t act = tanh_approximation ? kGeluTanh : kGelu;
+  auto out = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) act_row(op + r * n, xp + r * n, nullptr, n, act);
+  });
+  return out;
+}
+
 // x [T, 2I] contiguous = [gate | up] -> silu(gate) * up [T, I] (the gated MLP's activation).
 at::Tensor silu_and_mul(const at::Tensor& x) {
   check_f32(x, "x");
@@ -516,6 +531,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] row (fp32)");
   m.def("gelu_and_mul", &gelu_and_mul, "gelu(gate) * up of a fused [gate | up] row (fp32)");
+  m.def("gelu", &gelu, "gelu(x), exact or tanh (fp32)");
   m.def("linear_packed", &linear_packed, "x @ W with W packed as column tiles [C, K, n] (fp32)",
         pybind11::arg("x"), pybind11::arg("wt"), pybind11::arg("bias") = pybind11::none());
   m.def("prefill_attention", &prefill_attention,
