@@ -4,8 +4,8 @@ ones on a single projection (`ACTIVATIONS`), by their Hugging Face `hidden_act` 
 GELU comes in two spellings: exact (erf, "gelu") and the tanh approximation ("gelu_new",
 "gelu_pytorch_tanh", "gelu_fast": the same function, transformers' formulas differ in rounding
 only). The compiled CPU kernels fuse a gated activation with its product (one pass instead of two
-strided ops and an intermediate), and run a plain GELU in one vectorised pass (2-3x F.gelu,
-docs/PERFORMANCE.md).
+strided ops and an intermediate) and run the plain tanh GELU (~3x F.gelu); a plain exact GELU
+stays F.gelu, faster than the kernel's erf at prefill sizes (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class Gelu(CustomOp):
     def __init__(self, approximate: str = "none"):
         super().__init__()
         self.approximate = approximate
+        if approximate != "tanh":  # torch's vectorised erf beats the kernel's past ~16 rows
+            self._forward = self.forward_native
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate=self.approximate)
