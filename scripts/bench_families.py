@@ -2,14 +2,20 @@
 "Model families" table of docs/PERFORMANCE.md.
 
     for f in llama phi gemma2; do python scripts/make_family_shaped.py $f /tmp/shaped/$f; done
-    python scripts/bench_families.py /tmp/shaped --families phi,gemma2 --rounds 3
+    python scripts/bench_families.py /tmp/shaped --families phi,gemma2 --rounds 2
 
 Each family's engine is measured right next to the Llama's (the Llama engine stays loaded): per
 round, batch 1 then batch 16 (32-token prompts, 64 new tokens, greedy, EOS ignored), Llama and
-family alternating, so both see the same load on a shared machine. Reported: decode tok/s (tokens
-of decode-only steps / their time) of each, the family / Llama ratio per round (median over
-rounds), the same ratio per parameter (x the family's parameter count / the Llama's), and the CPU
-share other processes took meanwhile.
+family alternating, so both see the same load on a shared machine. Two figures per workload:
+
+- wall: decode tok/s (tokens of decode-only steps / their wall time) with --num-threads threads,
+  what a user sees; on a machine other processes share, it moves with their load;
+- cpu: the same tokens / the process's CPU time in those steps with one thread, which a
+  descheduled process does not accumulate: the steadier measure of the work per token.
+
+Reported: the family's and the Llama's medians over rounds, the family / Llama ratio (median of
+the per-round ratios), the ratio per parameter (x the family's parameter count / the Llama's), and
+the CPU share other processes took meanwhile.
 """
 
 from __future__ import annotations
@@ -55,27 +61,66 @@ def num_params(model_dir: Path) -> int:
     return total
 
 
-def decode_rate(core, workload, vocab_size: int, seed: str) -> tuple[float, float]:
-    """(decode tok/s, others' CPU share) of one run of `workload`."""
-    from pytgi.benchmark.engine.pytgi_runner import PytgiRunner
+def decode_rates(core, workload, vocab_size: int, seed: str) -> tuple[float, float, float]:
+    """(decode tokens per wall second, per CPU second, others' CPU share) of one run."""
+    from pytgi.benchmark.engine import contention
     from pytgi.benchmark.engine.workloads import random_prompts
+    from pytgi.engine.request import EngineRequest
+    from pytgi.engine.sampling_params import SamplingParams, StoppingParams
 
-    trace = PytgiRunner(core).run(workload, random_prompts(workload, vocab_size, seed))
-    trace.check_complete()
-    return trace.num_decode_tokens / trace.decode_time_s, trace.others or 0.0
+    prompts = random_prompts(workload, vocab_size, seed)
+    for i, (spec, ids) in enumerate(zip(workload.requests, prompts, strict=True)):
+        stopping = StoppingParams(max_new_tokens=spec.output_len, ignore_eos_token=True)
+        core.add_request(EngineRequest(f"{seed}-{i}", ids, SamplingParams(), stopping))
+    tokens, wall_s, cpu_s = 0, 0.0, 0.0
+    before, cpu_start = core.stats(), contention.snapshot()
+    while core.has_unfinished():
+        wall, cpu = time.perf_counter(), time.process_time()
+        core.step()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        after = core.stats()
+        if after.num_prefill_tokens == before.num_prefill_tokens:  # a decode-only step
+            tokens += after.num_decode_tokens - before.num_decode_tokens
+            wall_s, cpu_s = wall_s + wall, cpu_s + cpu
+        before = after
+    others = contention.others_fraction(cpu_start, contention.snapshot()) or 0.0
+    return tokens / wall_s, tokens / cpu_s, others
 
 
-def measure(engines: dict, workloads, vocab: dict, rounds: int) -> dict:
-    """{workload: {name: [(tok/s, others) per round]}}, the engines alternating within a round."""
+def measure(engines: dict, workloads, vocab: dict, rounds: int, threads: int) -> dict:
+    """{workload: {name: [(wall tok/s, cpu tok/s, others) per round]}}, the engines alternating
+    within a round; wall with `threads` threads, cpu with one."""
+    import torch
+
     results = {w.name: {name: [] for name in engines} for w in workloads}
     for name, core in engines.items():  # warm-up: kernels, allocator, branch predictors
-        decode_rate(core, workloads[0], vocab[name], "warm-up")
+        decode_rates(core, workloads[0], vocab[name], f"warm-up-{name}")
     for r in range(rounds):
         for workload in workloads:
             for name, core in engines.items():
-                rate = decode_rate(core, workload, vocab[name], f"{workload.name}-{r}")
-                results[workload.name][name].append(rate)
+                torch.set_num_threads(threads)
+                wall, _, others = decode_rates(core, workload, vocab[name], f"{workload.name}-{r}")
+                torch.set_num_threads(1)
+                _, cpu, _ = decode_rates(core, workload, vocab[name], f"{workload.name}-{r}-1t")
+                results[workload.name][name].append((wall, cpu, others))
+    torch.set_num_threads(threads)
     return results
+
+
+def summarize(runs: dict, family: str, ratio_params: float) -> dict:
+    """Medians and ratios of one workload's rounds (see the module docstring)."""
+    row = {}
+    for i, figure in enumerate(("wall", "cpu")):
+        ours, llama = [r[i] for r in runs[family]], [r[i] for r in runs["llama"]]
+        ratio = statistics.median(f / ll for f, ll in zip(ours, llama, strict=True))
+        row[figure] = {
+            "tok_s": statistics.median(ours),
+            "llama_tok_s": statistics.median(llama),
+            "ratio": ratio,
+            "ratio_per_param": ratio * ratio_params,
+        }
+    row["others"] = statistics.mean(r[2] for r in runs[family] + runs["llama"])
+    return row
 
 
 def main() -> None:
@@ -98,30 +143,25 @@ def main() -> None:
         params[family] = num_params(model_dir)
         core = load_engine(model_dir, args.num_threads)
         try:
-            results = measure({"llama": llama, family: core}, workloads, vocab, args.rounds)
+            engines = {"llama": llama, family: core}
+            results = measure(engines, workloads, vocab, args.rounds, args.num_threads)
         finally:
             core.shutdown()
         row = {"params": params[family], "llama_params": params["llama"]}
         for name, runs in results.items():
-            ratios = [f[0] / ll[0] for f, ll in zip(runs[family], runs["llama"], strict=True)]
-            ratio = statistics.median(ratios)
-            row[name] = {
-                "tok_s": statistics.median(r[0] for r in runs[family]),
-                "llama_tok_s": statistics.median(r[0] for r in runs["llama"]),
-                "ratio": ratio,
-                "ratio_per_param": ratio * params[family] / params["llama"],
-                "others": statistics.mean(r[1] for r in runs[family] + runs["llama"]),
-            }
+            row[name] = summarize(runs, family, params[family] / params["llama"])
         report["families"][family] = row
-        b1, b16 = row[workloads[0].name], row[workloads[1].name]
-        print(
-            f"{family}: {params[family] / 1e6:.1f} M | batch 1 {b1['tok_s']:.1f} tok/s vs "
-            f"{b1['llama_tok_s']:.1f} ({b1['ratio']:.2f}x, per param {b1['ratio_per_param']:.2f}x)"
-            f" | batch 16 {b16['tok_s']:.1f} vs {b16['llama_tok_s']:.1f} ({b16['ratio']:.2f}x, "
-            f"per param {b16['ratio_per_param']:.2f}x) | others {b1['others']:.2f}/"
-            f"{b16['others']:.2f} | {time.perf_counter() - start_s:.0f} s",
-            flush=True,
-        )
+        print(f"{family}: {params[family] / 1e6:.1f} M", end="")
+        for workload in workloads:
+            r = row[workload.name]
+            print(
+                f" | {workload.name}: wall {r['wall']['tok_s']:.1f} vs "
+                f"{r['wall']['llama_tok_s']:.1f} tok/s ({r['wall']['ratio_per_param']:.2f}x per "
+                f"param), cpu {r['cpu']['tok_s']:.1f} vs {r['cpu']['llama_tok_s']:.1f} "
+                f"({r['cpu']['ratio_per_param']:.2f}x), others {r['others']:.2f}",
+                end="",
+            )
+        print(f" | {time.perf_counter() - start_s:.0f} s", flush=True)
     llama.shutdown()
     if args.output:
         args.output.write_text(json.dumps(report, indent=2))
