@@ -61,6 +61,26 @@ def num_params(model_dir: Path) -> int:
     return total
 
 
+INPUT_TABLES = ("embed_tokens.", "wte.", "word_embeddings.", "wpe.")  # gathered, not streamed
+
+
+def streamed_params(model_dir: Path) -> int:
+    """Parameters a decode step reads in full: all but the input embedding (unless the LM head
+    shares it) and learned positions, of which a step gathers a few rows."""
+    from safetensors import safe_open
+
+    sizes = {}
+    for path in model_dir.glob("*.safetensors"):
+        with safe_open(path, "pt") as f:
+            sizes |= {name: math.prod(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    untied = "lm_head.weight" in sizes
+    return sum(
+        size
+        for name, size in sizes.items()
+        if not (any(t in name for t in INPUT_TABLES) and (untied or "wpe." in name))
+    )
+
+
 def decode_rates(core, workload, vocab_size: int, seed: str) -> tuple[float, float, float]:
     """(decode tokens per wall second, per CPU second, others' CPU share) of one run."""
     from pytgi.benchmark.engine import contention
@@ -147,7 +167,12 @@ def main() -> None:
             results = measure(engines, workloads, vocab, args.rounds, args.num_threads)
         finally:
             core.shutdown()
-        row = {"params": params[family], "llama_params": params["llama"]}
+        row = {
+            "params": params[family],
+            "llama_params": params["llama"],
+            "streamed_params": streamed_params(model_dir),
+            "llama_streamed_params": streamed_params(llama_dir),
+        }
         for name, runs in results.items():
             row[name] = summarize(runs, family, params[family] / params["llama"])
         report["families"][family] = row
