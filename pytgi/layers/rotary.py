@@ -4,8 +4,9 @@
 the model serves (built when the model is built; the runner extends it before a step that goes
 further, e.g. past max_position_embeddings with dynamic NTK). Its forward maps the step's
 positions to (cos, sin) once per step; every attention layer then rotates q and k with its
-`ApplyRotary`. The inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear, dynamic, yarn, llama3)
-follow the published formulas and are checked against transformers' `ROPE_INIT_FUNCTIONS`.
+`ApplyRotary`. The inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear,
+dynamic, yarn, llama3) follow the published formulas and are checked against transformers'
+`ROPE_INIT_FUNCTIONS`.
 
 Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
 frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
