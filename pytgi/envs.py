@@ -34,6 +34,11 @@ def hub_cache_dir() -> str | None:
     return get("HUGGINGFACE_HUB_CACHE") or get("HF_HUB_CACHE")
 
 
+def torch_extensions_dir() -> str | None:
+    """Root of the compiled CPU kernels' build directories (torch's variable)."""
+    return get("TORCH_EXTENSIONS_DIR")
+
+
 def compute_type() -> str | None:
     """TGI's `x-compute-type` override (the launcher's default is `{num_shard}-{device}`)."""
     return get("COMPUTE_TYPE")

@@ -152,7 +152,7 @@ def server_config(
     args: argparse.Namespace, limits: LimitsConfig, model_id: str, model_sha: str | None
 ) -> ServerConfig:
     return ServerConfig(
-        hostname=_hostname(args.hostname),
+        hostname=hostname(args.hostname),
         port=args.port,
         api_key=args.api_key,
         cors_allow_origin=tuple(args.cors_allow_origin or ()),
@@ -167,7 +167,7 @@ def server_config(
     )
 
 
-def _hostname(value: str) -> str:
+def hostname(value: str) -> str:
     """TGI: an unparsable HOSTNAME (Docker sets it to the container id) falls back to 0.0.0.0."""
     import ipaddress
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli import configs
+from pytgi.cli import configs, preflight
 from pytgi.errors import ConfigError, ModelLoadError
 
 logger = logging.getLogger("pytgi.launcher")
@@ -27,15 +27,21 @@ def serve(args: argparse.Namespace) -> int:
     setup_logging(json_output=args.json_output)
     envs.set_default_threading_env()
     try:
-        engine, infer, server_cfg = start_engine_and_router(args)
-    except (ConfigError, ModelLoadError) as exc:
+        sock = preflight.bind_port(configs.hostname(args.hostname), args.port)
+    except ConfigError as exc:
         logger.error("%s", exc.message)
         return 1
-    from pytgi.server.app import create_app
+    with sock:
+        try:
+            engine, infer, server_cfg = start_engine_and_router(args)
+        except (ConfigError, ModelLoadError) as exc:
+            logger.error("%s", exc.message)
+            return 1
+        from pytgi.server.app import create_app
 
-    model_info = _model_info(server_cfg, args)
-    app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
-    return asyncio.run(run_http(app, server_cfg, engine))
+        model_info = _model_info(server_cfg, args)
+        app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
+        return asyncio.run(run_http(app, server_cfg, engine, sock))
 
 
 def start_engine_and_router(args: argparse.Namespace):
@@ -51,6 +57,8 @@ def start_engine_and_router(args: argparse.Namespace):
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
+    architecture = preflight.check_model_dir(model_dir)
+    logger.info("Architecture %s", architecture)
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
@@ -77,7 +85,7 @@ def start_engine_and_router(args: argparse.Namespace):
     return engine, infer, server_cfg
 
 
-async def run_http(app, server_cfg, engine) -> int:
+async def run_http(app, server_cfg, engine, sock) -> int:
     """Serve until SIGTERM/SIGINT (drain, exit 0) or until the engine dies (exit 1)."""
     import uvicorn
 
@@ -86,14 +94,15 @@ async def run_http(app, server_cfg, engine) -> int:
         host=server_cfg.hostname,
         port=server_cfg.port,
         log_config=None,
-        timeout_graceful_shutdown=int(server_cfg.graceful_termination_timeout_s),
+        timeout_graceful_shutdown=_FLUSH_S,  # the drain itself happens before (see _supervise)
         timeout_keep_alive=5,
     )
     server = _DrainingServer(config, app)
-    supervisor = asyncio.create_task(_supervise(server, app, engine))
+    drain_s = server_cfg.graceful_termination_timeout_s
+    supervisor = asyncio.create_task(_supervise(server, app, engine, drain_s))
     metrics_task = _start_prometheus_port(server_cfg, engine)
     logger.info("Connected: listening on %s:%d", server_cfg.hostname, server_cfg.port)
-    await server.serve()
+    await server.serve(sockets=[sock])
     supervisor.cancel()
     if metrics_task is not None:
         metrics_task.cancel()
@@ -106,8 +115,13 @@ async def run_http(app, server_cfg, engine) -> int:
     return 0
 
 
+_FLUSH_S = 2  # after the drain: time for uvicorn to finish responses before it cancels them
+
+
 class _DrainingServer:
-    """uvicorn.Server that flips /health to draining (503) as soon as a signal arrives."""
+    """uvicorn.Server that, on the first SIGTERM/SIGINT, only flips the health to draining: it
+    keeps listening, so new connections get 503 (and `/health` says "draining") while in-flight
+    requests finish; `_supervise` then stops it. A second signal stops it at once."""
 
     def __new__(cls, config, app):
         import uvicorn
@@ -116,24 +130,32 @@ class _DrainingServer:
             drained_by_signal = False
 
             def handle_exit(self, sig, frame):
+                if self.drained_by_signal:
+                    self.should_exit = self.force_exit = True
+                    return
                 self.drained_by_signal = True
                 app.state.health.set("draining")
                 logger.info("Signal %s received: draining in-flight requests", sig)
-                super().handle_exit(sig, frame)
-                # uvicorn re-raises captured signals after serving; a drained exit is a clean exit
-                self._captured_signals.clear()
 
         return Server(config)
 
 
-async def _supervise(server, app, engine) -> None:
-    while True:
-        await asyncio.sleep(0.5)
+async def _supervise(server, app, engine, drain_s: float) -> None:
+    """Ends the server when the engine dies, or once a signal's drain is over."""
+    health = app.state.health
+    while not server.drained_by_signal:
+        await asyncio.sleep(0.2)
         if not engine.is_alive:
-            app.state.health.set("dead")
+            health.set("dead")
             logger.warning("The engine is gone: /health answers 503; shutting down")
             server.should_exit = True
             return
+    if not await health.wait_idle(drain_s):
+        logger.warning(
+            "Graceful termination timeout (%.0fs): stopping %d in-flight requests",
+            drain_s, health.num_inflight,
+        )  # fmt: skip
+    server.should_exit = True
 
 
 def _start_prometheus_port(server_cfg, engine) -> asyncio.Task | None:

@@ -151,7 +151,8 @@ async def get_info(ctx: ServerContext = Depends(get_context)):
 async def get_health(ctx: ServerContext = Depends(get_context)):
     if ctx.health.status == Health.READY and ctx.engine.is_alive:
         return Response(status_code=200)
-    return JSONBody(error_body("unhealthy", "healthcheck"), status_code=503)
+    message = "draining" if ctx.health.status == Health.DRAINING else "unhealthy"
+    return JSONBody(error_body(message, "healthcheck"), status_code=503)
 
 
 router.add_api_route("/", get_health, methods=["GET"], include_in_schema=False)

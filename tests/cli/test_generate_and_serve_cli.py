@@ -4,6 +4,9 @@ launcher's start-up errors (TGI's texts) before any model is loaded.
 
 from __future__ import annotations
 
+import json
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -52,3 +55,59 @@ def test_launcher_start_up_errors(flags, message, capsys):
 def test_missing_model_directory_is_a_clear_error(capsys, tmp_path):
     assert main(["serve", "--model-id", str(tmp_path / "nope")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def _serve(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`pytgi serve` as a user runs it: every process's output, and the time it took."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytgi", "serve", "--hostname", "127.0.0.1", *flags],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if " ERROR " in line]
+
+
+def _model_dir_without_weights(path, demo_model_dir, **config_updates):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_dir / name, path / name)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **config_updates}))
+    return path
+
+
+def test_unsupported_architecture_is_one_line_before_the_engine(tmp_path, demo_model_dir):
+    model_dir = _model_dir_without_weights(
+        tmp_path, demo_model_dir, architectures=["GPT2LMHeadModel"]
+    )
+    shutil.copy(demo_model_dir / "model.safetensors", model_dir / "model.safetensors")
+    result = _serve("--model-id", str(tmp_path))
+    assert result.returncode == 1
+    errors = _error_lines(result)
+    assert len(errors) == 1, result.stderr
+    assert "unsupported model architecture ['GPT2LMHeadModel']" in errors[0]
+    assert "supported: " in errors[0] and "LlamaForCausalLM" in errors[0]
+    assert "Traceback" not in result.stderr
+    assert "Engine" not in result.stderr  # refused before the engine process started
+
+
+def test_directory_without_weights_is_one_line_before_the_engine(tmp_path, demo_model_dir):
+    _model_dir_without_weights(tmp_path, demo_model_dir)
+    result = _serve("--model-id", str(tmp_path))
+    assert result.returncode == 1
+    errors = _error_lines(result)
+    assert len(errors) == 1 and f"No weights in {tmp_path}" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_busy_port_is_reported_before_the_model_loads():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _serve("--port", str(port))
+    assert result.returncode == 1
+    errors = _error_lines(result)
+    assert len(errors) == 1 and f"Cannot listen on 127.0.0.1:{port}" in errors[0], result.stderr
+    assert "Resolved" not in result.stderr  # nothing was loaded

@@ -47,6 +47,11 @@ def test_metrics_are_registered_before_any_request(guarded_server):
     for name in names:
         assert name in text
     assert metric(guarded_server.url, "tgi_request_count") == 0
+    # a fresh server's KV cache is empty, not full (autoscalers and alerts read these)
+    total = metric(guarded_server.url, "pytgi_kv_blocks_total")
+    assert total > 0
+    assert metric(guarded_server.url, "pytgi_kv_blocks_free") == total
+    assert metric(guarded_server.url, "pytgi_kv_cache_usage_ratio") == 0.0
 
 
 def test_api_key_is_enforced(guarded_server):
@@ -124,6 +129,7 @@ def test_sigterm_drains_in_flight_requests(tiny_model_factory, tmp_path):
     server.stop()
     assert code == 0, server.logs()
     assert result["final"]["details"]["generated_tokens"] == 300
+    assert "ERROR" not in server.logs()  # a clean shutdown logs no engine failure
 
 
 def test_engine_crash_ends_the_launcher(tiny_model_factory, tmp_path):
