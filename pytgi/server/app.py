@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pytgi import metrics
 from pytgi.config import CacheInfo, ServerConfig
 from pytgi.engine.client import EngineClient
-from pytgi.server import completions, openai_routes, sagemaker, tgi_routes
+from pytgi.server import completions, openai_routes, sagemaker, tgi_routes, vertex
 from pytgi.server.context import TGI_VERSION, ServerContext
 from pytgi.server.errors import install_error_handlers
 from pytgi.server.health import Health, HealthState
@@ -65,7 +65,7 @@ def create_app(
     )
     app.state.ctx = ctx
     app.state.health = ctx.health
-    for module in (tgi_routes, openai_routes, completions, sagemaker):
+    for module in (tgi_routes, openai_routes, completions, sagemaker, vertex):
         app.include_router(module.router)
     app.add_api_route("/openapi.json", app.openapi, methods=["GET"], include_in_schema=False)
     install_error_handlers(app)

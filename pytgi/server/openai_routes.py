@@ -31,12 +31,13 @@ from pytgi.server.openai_protocol import ChatRequest, response_format_param
 from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
+from pytgi.server.strict_json import StrictJSONRoute
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
 from pytgi.server.tool_stream import ToolCallStreamer, stream_tool_call_id
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _grammar(req: ChatRequest) -> GrammarParam | None:
@@ -44,6 +45,8 @@ def _grammar(req: ChatRequest) -> GrammarParam | None:
 
 
 async def render(ctx: ServerContext, req: ChatRequest) -> ChatPrompt:
+    if not req.messages:
+        raise ValidationError("Input validation error: `messages` cannot be empty")
     try:
         return await run_in_threadpool(
             ctx.infer.render_chat,

@@ -48,6 +48,10 @@ class WireResponse(BaseModel):
 
 
 class GenerateRequest(WireRequest):
+    """TGI's routes parse strictly, as serde does (no string or float coercions)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
     inputs: str = Field(examples=["My name is Olivier and I"])
     parameters: GenerateParameters | None = None
 

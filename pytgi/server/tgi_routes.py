@@ -31,10 +31,11 @@ from pytgi.server.protocol import (
 )
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
+from pytgi.server.strict_json import StrictJSONRoute
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 ERRORS = {
     code: {"model": ErrorResponse, "description": text}

@@ -69,3 +69,49 @@ def test_lone_surrogate_in_a_chat_stream_is_an_sse_error_event(pytgi_server_url)
     frames = [line[len("data: ") :] for line in response.text.splitlines() if line]
     assert json.loads(frames[0])["error"]["http_status_code"] == 422
     assert frames[-1] == "[DONE]"
+
+
+# TGI (serde) parses strictly: non-standard JSON literals are a 400, coercions a 422
+STRICT_BODIES = [
+    ('{"inputs":"a","parameters":{"temperature":Infinity}}', 400),
+    ('{"inputs":"a","parameters":{"repetition_penalty":-Infinity}}', 400),
+    ('{"inputs":"a","parameters":{"temperature":NaN}}', 400),
+    ('{"inputs":"a","parameters":{"max_new_tokens":"10"}}', 422),
+    ('{"inputs":"a","parameters":{"max_new_tokens":2.0}}', 422),
+    ('{"inputs":"a","parameters":{"do_sample":"yes"}}', 422),
+    ('{"inputs":"a","parameters":{"details":1}}', 422),
+    ('{"inputs":"a","stream":"false","parameters":{"max_new_tokens":1}}', 422),  # on `/`
+]
+
+
+@pytest.mark.parametrize(("body", "status"), STRICT_BODIES)
+def test_tgi_routes_parse_as_strictly_as_tgi(pytgi_server_url, body, status):
+    for path in ("/generate", "/") if "stream" not in body else ("/",):
+        response = httpx.post(f"{pytgi_server_url}{path}", content=body, headers=JSON, timeout=30)
+        assert response.status_code == status, (path, response.text)
+        assert response.json()["error_type"] == ("json" if status == 400 else "validation")
+
+
+def test_empty_messages_are_a_422(pytgi_server_url):
+    for path in ("/v1/chat/completions", "/chat_tokenize"):
+        response = httpx.post(f"{pytgi_server_url}{path}", json={"messages": []}, timeout=30)
+        assert response.status_code == 422, response.text
+        assert response.json()["error"] == "Input validation error: `messages` cannot be empty"
+
+
+def test_vertex_route_predicts_each_instance(pytgi_server_url):
+    instances = [
+        {"inputs": "And God said", "parameters": {"max_new_tokens": 3, "seed": 1}},
+        {"messages": [{"role": "user", "content": "Who made the light?"}], "max_tokens": 3},
+    ]
+    url = f"{pytgi_server_url}/vertex"
+    response = httpx.post(url, json={"instances": instances}, timeout=60)
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert len(predictions) == 2 and all(isinstance(p, str) and p for p in predictions)
+    empty = httpx.post(url, json={"instances": []}, timeout=30)
+    assert empty.status_code == 422
+    assert empty.json() == {
+        "error": "Input validation error",
+        "error_type": "Input validation error",
+    }

@@ -110,25 +110,42 @@ def test_disconnect_aborts_and_frees_blocks(guarded_server):
 
 
 def test_sigterm_drains_in_flight_requests(tiny_model_factory, tmp_path):
-    server = ServerProcess(tiny_model_factory("llama"), log_path=tmp_path / "drain.log")
+    # a longer context than the other tests' model: the stream must outlast the checks below
+    model_dir = tiny_model_factory("llama", max_position_embeddings=2048)
+    server = ServerProcess(model_dir, "--max-total-tokens", "2000", log_path=tmp_path / "drain.log")
     server.wait_healthy()
-    result = {}
+    result, streaming = {}, threading.Event()
+    num_tokens = 1500
 
     def stream_one():
-        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 300, "details": True}}
+        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": num_tokens}}
+        body["parameters"]["details"] = True
         with httpx.stream("POST", f"{server.url}/generate_stream", json=body, timeout=60) as r:
-            events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    events.append(json.loads(line[5:]))
+                    streaming.set()
         result["final"] = events[-1]
 
     thread = threading.Thread(target=stream_one)
     thread.start()
-    time.sleep(1.0)
+    assert streaming.wait(30)
     server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    # still listening while it drains: new connections are answered, not refused
+    health = httpx.get(f"{server.url}/health", timeout=10)
+    assert health.status_code == 503
+    assert health.json() == {"error": "draining", "error_type": "healthcheck"}
+    body = {"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
+    refused = httpx.post(f"{server.url}/generate", json=body, timeout=10)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert thread.is_alive()  # the checks ran during the drain
     thread.join(60)
     code = server.proc.wait(60)
     server.stop()
     assert code == 0, server.logs()
-    assert result["final"]["details"]["generated_tokens"] == 300
+    assert result["final"]["details"]["generated_tokens"] == num_tokens
     assert "ERROR" not in server.logs()  # a clean shutdown logs no engine failure
 
 
