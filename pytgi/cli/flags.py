@@ -49,6 +49,12 @@ QUANTIZE = (
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
+SERVED_QUANTIZE: tuple[str, ...] = ()  # the QUANTIZE values this build runs; others are refused
+
+
+def _quantize_help() -> str:
+    served = ", ".join(SERVED_QUANTIZE) or "none yet"
+    return f"Weight quantization (TGI's values; this build serves: {served}; others are refused)"
 
 MODEL_FLAGS = [
     Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
@@ -87,7 +93,7 @@ ENGINE_FLAGS = [
     Flag("--sharded", "Shard the model (true/false)", _bool),
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
-    Flag("--quantize", "Weight quantization", choices=QUANTIZE),
+    Flag("--quantize", _quantize_help(), choices=QUANTIZE),
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
     Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
     Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
@@ -131,6 +137,7 @@ SERVER_FLAGS = [
     Flag("--api-key", "Bearer key required on the generation routes"),
     Flag("--cors-allow-origin", "Allowed CORS origin (repeatable)", repeat=True),
     Flag("--json-output", "JSON log lines", switch=True),
+    Flag("--env", "Log the runtime environment and versions at start-up", switch=True),
     Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
     Flag(
         "--enable-prefill-logprobs",
@@ -155,11 +162,22 @@ SERVER_FLAGS = [
 SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS
 
 
+def _help(flag: Flag) -> str:
+    default = "" if flag.default is None or flag.switch else f" [default: {flag.default}]"
+    return f"{flag.help}{default} [env: {flag.env}]"
+
+
+def add_version_flag(parser: argparse.ArgumentParser) -> None:
+    from pytgi.version import __version__
+
+    parser.add_argument("-V", "--version", action="version", version=f"pytgi {__version__}")
+
+
 def add_flags(parser: argparse.ArgumentParser, flags: list[Flag]) -> None:
     for flag in flags:
         names = [flag.short, flag.name] if flag.short else [flag.name]
         env_value = envs.get(flag.env)
-        help_text = f"{flag.help} [env: {flag.env}]"
+        help_text = _help(flag)
         if flag.switch:
             default = _bool(env_value) if env_value is not None else False
             parser.add_argument(*names, action="store_true", default=default, help=help_text)

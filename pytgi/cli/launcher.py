@@ -26,6 +26,10 @@ def serve(args: argparse.Namespace) -> int:
 
     setup_logging(json_output=args.json_output)
     envs.set_default_threading_env()
+    if args.env:
+        from pytgi.cli.runtime_env import describe_environment
+
+        logger.info("Runtime environment:\n%s", describe_environment())
     try:
         sock = preflight.bind_port(configs.hostname(args.hostname), args.port)
     except ConfigError as exc:

@@ -153,7 +153,7 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
     from pytgi.utils.logging import setup_logging
     from pytgi.utils.process import ignore_terminal_interrupts
 
-    setup_logging(json_output=json_logs)
+    setup_logging(json_output=json_logs, rank=0 if config.parallel.num_shard > 1 else None)
     ignore_terminal_interrupts()  # the launcher drains on Ctrl-C, then sends "stop"
 
     def report_rank_death(reason: str) -> None:  # from the rank monitor thread

@@ -102,7 +102,9 @@ class Infer:
         prefix = inputs if req.return_full_text else ""
         chosen = builders[best]
         timings = _timings(start, validated, chosen.queue_s)
-        request_metrics.record_success(timings, len(chosen.tokens))
+        request_metrics.record_success(
+            timings, len(chosen.tokens), prompt_tokens=req.input_length
+        )
         others = None
         if best_of > 1:
             others = [
@@ -150,7 +152,9 @@ class Infer:
                             index += 1
                             if builder.finished and i == len(step_list) - 1:
                                 timings = _timings(start, validated, builder.queue_s)
-                                request_metrics.record_success(timings, len(builder.tokens))
+                                request_metrics.record_success(
+                                    timings, len(builder.tokens), prompt_tokens=req.input_length
+                                )
                                 yield _final_event(index, step, builder, inputs, timings)
                                 return
                             token_event = (step.token, step.top_tokens, step.text_delta)

@@ -27,6 +27,16 @@ logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1  # sent with 429: the openai client waits this long before its retries
 
 
+_LOGGED_CHARS = 300  # of an error message in the log (messages may echo client input)
+
+
+def log_error(where: str, status: int, message: str, error_type: str) -> None:
+    """One log line per refused or failed request, with TGI's status and reason (TGI logs them
+    too): INFO for a client's mistake (4xx), ERROR for the server's (5xx)."""
+    level = logging.ERROR if status >= 500 else logging.INFO
+    logger.log(level, "%s: %d %s: %s", where, status, error_type, message[:_LOGGED_CHARS])
+
+
 def error_body(message: str, error_type: str) -> dict[str, str]:
     return {"error": message, "error_type": error_type}
 
@@ -61,21 +71,25 @@ def _is_json_content_type(request: Request) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
 
-async def _on_request_validation(request: Request, exc: RequestValidationError) -> JSONBody:
+def _body_error(exc: RequestValidationError, request: Request) -> tuple[int, str, str]:
     if request.method == "POST" and not _is_json_content_type(request):
-        return error_response(
-            415,
-            "Expected request with `Content-Type: application/json`",
-            "unsupported_media_type",
-        )
+        message = "Expected request with `Content-Type: application/json`"
+        return 415, message, "unsupported_media_type"
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = errors[0].get("ctx", {}).get("error", "invalid JSON")
-        return error_response(400, f"Failed to parse the request body as JSON: {detail}", "json")
-    return error_response(422, describe_validation_errors(errors), "validation")
+        return 400, f"Failed to parse the request body as JSON: {detail}", "json"
+    return 422, describe_validation_errors(errors), "validation"
+
+
+async def _on_request_validation(request: Request, exc: RequestValidationError) -> JSONBody:
+    status, message, error_type = _body_error(exc, request)
+    log_error(request.url.path, status, message, error_type)
+    return error_response(status, message, error_type)
 
 
 async def _on_pytgi_error(request: Request, exc: PytgiError) -> JSONBody:
+    log_error(request.url.path, exc.status_code, exc.message, exc.error_type)
     return pytgi_error_response(exc)
 
 
@@ -104,6 +118,7 @@ async def openai_event_stream(frames: AsyncIterator[str], label: str) -> AsyncIt
         async for frame in frames:
             yield frame
     except PytgiError as exc:
+        log_error(f"{label} stream", exc.status_code, exc.message, exc.error_type)
         yield data_frame(openai_stream_error(exc))
     except Exception:
         logger.exception("%s stream failed", label)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import TemplateError
+from pytgi.errors import TemplateError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL

@@ -17,7 +17,7 @@ from pytgi.errors import PytgiError
 from pytgi.router.params import GenerateParameters
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
-from pytgi.server.errors import error_body
+from pytgi.server.errors import error_body, log_error
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.health import Health
 from pytgi.server.protocol import (
@@ -72,6 +72,7 @@ async def tgi_stream_frames(
         async for event in stream:
             yield data_frame(StreamResponse.from_event(event, details=params.details))
     except PytgiError as exc:
+        log_error("generate_stream", exc.status_code, exc.message, exc.error_type)
         yield data_frame(error_body(exc.message, exc.error_type))
     except Exception:
         logger.exception("generate_stream failed")

@@ -124,7 +124,7 @@ def run_worker(config: EngineConfig, rank: int, model_dir: Path, reports, parent
     from pytgi.utils.logging import setup_logging
     from pytgi.utils.process import exit_when_orphaned, ignore_terminal_interrupts
 
-    setup_logging()
+    setup_logging(rank=rank)
     ignore_terminal_interrupts()
     exit_when_orphaned(parent_pid)
     reports.put(("started", rank, ""))

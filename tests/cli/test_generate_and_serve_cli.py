@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from pytgi.cli.main import launcher_main, main
+from pytgi.version import __version__
 
 
 def test_generate_streams_demo_model_text():
@@ -111,3 +112,33 @@ def test_busy_port_is_reported_before_the_model_loads():
     errors = _error_lines(result)
     assert len(errors) == 1 and f"Cannot listen on 127.0.0.1:{port}" in errors[0], result.stderr
     assert "Resolved" not in result.stderr  # nothing was loaded
+
+
+@pytest.mark.parametrize(
+    "argv", [["pytgi", "-V"], ["pytgi", "serve", "--version"], ["text-generation-launcher", "-V"]]
+)
+def test_version_flags(argv, capsys):
+    entry = main if argv[0] == "pytgi" else launcher_main
+    with pytest.raises(SystemExit) as exit_info:
+        entry(argv[1:])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pytgi {__version__}"
+
+
+def test_help_shows_defaults_and_what_quantize_serves(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Tokens per KV block [default: 16] [env: BLOCK_SIZE]" in text
+    assert "Concurrent requests before 429 [default: 128]" in text
+    assert "this build serves: none yet" in text
+
+
+def test_env_flag_logs_the_runtime_environment():
+    with socket.socket() as busy:  # the busy port ends the launcher right after `--env`
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = _serve("--env", "--port", str(busy.getsockname()[1]))
+    assert "Runtime environment:" in result.stderr
+    assert f"pytgi: {__version__}" in result.stderr
+    assert "torch: " in result.stderr and "CPU capability: " in result.stderr
