@@ -56,6 +56,7 @@ def _quantize_help() -> str:
     served = ", ".join(SERVED_QUANTIZE) or "none yet"
     return f"Weight quantization (TGI's values; this build serves: {served}; others are refused)"
 
+
 MODEL_FLAGS = [
     Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),

@@ -102,9 +102,7 @@ class Infer:
         prefix = inputs if req.return_full_text else ""
         chosen = builders[best]
         timings = _timings(start, validated, chosen.queue_s)
-        request_metrics.record_success(
-            timings, len(chosen.tokens), prompt_tokens=req.input_length
-        )
+        request_metrics.record_success(timings, len(chosen.tokens), prompt_tokens=req.input_length)
         others = None
         if best_of > 1:
             others = [

@@ -5,6 +5,11 @@ never a 500, and the keep-alive connection survives it (issue 13, black-box prob
 from __future__ import annotations
 
 import json
+import os
+import random
+import string
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -115,3 +120,36 @@ def test_vertex_route_predicts_each_instance(pytgi_server_url):
         "error": "Input validation error",
         "error_type": "Input validation error",
     }
+
+
+def _rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _huge_text(num_chars: int = 1_800_000) -> str:
+    """~1M tokens of short random words (under the 2 MB payload limit once in JSON)."""
+    rng = random.Random(0)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 3))) for _ in range(999)]
+    return " ".join(rng.choices(words, k=num_chars // 2))[:num_chars]
+
+
+def test_huge_prompts_are_refused_with_bounded_work_and_memory(pytgi_server):
+    url, pid = pytgi_server.url, pytgi_server.proc.pid
+    text = _huge_text()
+    before = _rss_bytes(pid)
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for _ in range(4):
+            start = time.monotonic()
+            body = {"inputs": text, "parameters": {"max_new_tokens": 2}}
+            response = client.post("/generate", json=body)
+            assert response.status_code == 422, response.text[:300]
+            assert "must be <= " in response.json()["error"]
+            assert time.monotonic() - start < 3.0  # counting stopped past the limit
+        tokenized = client.post("/tokenize", json={"inputs": text})
+        assert tokenized.status_code == 422  # not a 47 MB list of tokens
+        assert len(tokenized.content) < 1000
+        truncated = client.post(
+            "/generate", json={"inputs": text, "parameters": {"truncate": 8, "max_new_tokens": 1}}
+        )
+        assert truncated.status_code == 200, truncated.text[:300]
+    assert _rss_bytes(pid) - before < 100 * 2**20

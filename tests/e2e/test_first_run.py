@@ -44,9 +44,7 @@ def test_each_request_logs_its_timings_or_its_refusal(pytgi_server):
     assert "queue" in line and "inference" in line and "ms/token" in line
     bad = {"inputs": "And God said", "parameters": {"temperature": 0}}
     assert httpx.post(f"{url}/generate", json=bad, timeout=30).status_code == 422
-    _wait_for_log(
-        pytgi_server, "/generate: 422 validation: Input validation error: `temperature`"
-    )
+    _wait_for_log(pytgi_server, "/generate: 422 validation: Input validation error: `temperature`")
 
 
 def test_openai_clients_default_top_p_of_one_is_accepted(pytgi_server_url):
