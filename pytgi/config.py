@@ -172,3 +172,12 @@ class ServerConfig:
     model_id: str = ""
     model_sha: str | None = None
     prometheus_port: int | None = None
+    request_header_timeout_s: float = 10.0  # slow clients: headers, then body, must arrive
+    request_body_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+    def __post_init__(self):
+        if self.request_header_timeout_s <= 0 or self.request_body_timeout_s <= 0:
+            raise ConfigError("request header and body timeouts must be > 0")
+        if self.max_connections < 1:
+            raise ConfigError("`max_connections` must be >= 1")

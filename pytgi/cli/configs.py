@@ -164,6 +164,9 @@ def server_config(
         model_id=model_id,
         model_sha=model_sha,
         prometheus_port=args.prometheus_port,
+        request_header_timeout_s=args.request_header_timeout,
+        request_body_timeout_s=args.request_body_timeout,
+        max_connections=args.max_connections,
     )
 
 

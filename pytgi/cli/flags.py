@@ -141,6 +141,19 @@ SERVER_FLAGS = [
     Flag("--env", "Log the runtime environment and versions at start-up", switch=True),
     Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
     Flag(
+        "--request-header-timeout",
+        "Seconds a client has to send a request's headers before its connection is closed",
+        float,
+        10.0,
+    ),  # fmt: skip
+    Flag(
+        "--request-body-timeout",
+        "Seconds a client has to send a request's body (after its headers)",
+        float,
+        60.0,
+    ),  # fmt: skip
+    Flag("--max-connections", "Open HTTP connections before new requests get 503", int, 1024),
+    Flag(
         "--enable-prefill-logprobs",
         "Return prompt logprobs with decoder_input_details",
         switch=True,

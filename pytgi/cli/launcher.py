@@ -93,6 +93,8 @@ async def run_http(app, server_cfg, engine, sock) -> int:
     """Serve until SIGTERM/SIGINT (drain, exit 0) or until the engine dies (exit 1)."""
     import uvicorn
 
+    from pytgi.server.http_protocol import with_deadlines
+
     config = uvicorn.Config(
         app,
         host=server_cfg.hostname,
@@ -100,6 +102,8 @@ async def run_http(app, server_cfg, engine, sock) -> int:
         log_config=None,
         timeout_graceful_shutdown=_FLUSH_S,  # the drain itself happens before (see _supervise)
         timeout_keep_alive=5,
+        http=with_deadlines(server_cfg.request_header_timeout_s, server_cfg.request_body_timeout_s),
+        limit_concurrency=server_cfg.max_connections,
     )
     server = _DrainingServer(config, app)
     drain_s = server_cfg.graceful_termination_timeout_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -30,6 +31,9 @@ def guarded_server(tiny_model_factory, tmp_path_factory):
         "--api-key", "s3cret",
         "--max-concurrent-requests", "1",
         "--payload-limit", "2000",
+        "--request-header-timeout", "1",
+        "--request-body-timeout", "1.5",
+        "--max-connections", "40",
         log_path=log,
     )  # fmt: skip
     server.wait_healthy()
@@ -162,3 +166,42 @@ def test_engine_crash_ends_the_launcher(tiny_model_factory, tmp_path):
     assert "engine" in server.logs().lower()
     time.sleep(0.5)
     assert not any(pid_alive(pid) for pid in children)
+
+
+def test_slow_clients_are_cut_off(guarded_server):
+    """30 clients trickle headers, 5 more a body, a byte per 0.2 s: all are closed within their
+    deadlines (1 s for headers, 1.5 s for the body), while others are served normally."""
+    host, port = "127.0.0.1", guarded_server.port
+    head = b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    trickling_headers = [socket.create_connection((host, port)) for _ in range(30)]
+    trickling_bodies = [socket.create_connection((host, port)) for _ in range(5)]
+    for sock in trickling_bodies:
+        sock.sendall(head + b"authorization: Bearer s3cret\r\ncontent-length: 100\r\n\r\n{")
+    start = time.monotonic()
+    open_socks = trickling_headers + trickling_bodies
+    while open_socks and time.monotonic() - start < 6:
+        for sock in list(open_socks):
+            try:
+                sock.sendall(b"x" if sock in trickling_bodies else head[:1])
+            except OSError:  # closed by the server
+                open_socks.remove(sock)
+        assert httpx.get(f"{guarded_server.url}/health", timeout=5).status_code == 200
+        time.sleep(0.2)
+    elapsed = time.monotonic() - start
+    for sock in trickling_headers + trickling_bodies:
+        sock.close()
+    assert not open_socks, f"{len(open_socks)} slow connections still open after {elapsed:.1f}s"
+    assert elapsed < 4
+
+
+def test_connections_past_the_limit_get_503(guarded_server):
+    host, port = "127.0.0.1", guarded_server.port
+    idle = [socket.create_connection((host, port)) for _ in range(40)]
+    try:
+        time.sleep(0.2)
+        assert httpx.get(f"{guarded_server.url}/health", timeout=5).status_code == 503
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.3)
+    assert httpx.get(f"{guarded_server.url}/health", timeout=5).status_code == 200
