@@ -48,10 +48,11 @@ def test_loaded_kernels_come_from_their_keyed_directory():
     assert Path(module.__file__).parent == built_in
 
 
-def test_builds_are_announced_and_run_one_at_a_time(copied_sources, monkeypatch, caplog):
+def test_builds_are_announced_run_one_at_a_time_and_survive_a_killed_build(copied_sources, monkeypatch, caplog):
     running, overlaps = [], []
 
     def fake_load(name, build_directory, **kwargs):
+        assert not (Path(build_directory) / "lock").exists()  # torch's stale lock was cleared
         lock = Path(build_directory) / "build.lock"
         with pytest.raises(filelock.Timeout):  # the builder holds the lock
             filelock.FileLock(str(lock)).acquire(timeout=0)
@@ -62,6 +63,9 @@ def test_builds_are_announced_and_run_one_at_a_time(copied_sources, monkeypatch,
         return ModuleType(name)
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_load)
+    stale = kernels.build_directory(kernels._cflags())
+    stale.mkdir(parents=True)
+    (stale / "lock").touch()  # what a killed build leaves: torch's load would wait on it forever
     caplog.set_level(logging.INFO, logger=kernels.__name__)
     threads = [threading.Thread(target=kernels._build_and_import) for _ in range(2)]
     for thread in threads:

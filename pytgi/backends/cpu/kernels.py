@@ -66,6 +66,10 @@ def _build_and_import() -> ModuleType:
     directory = build_directory(cflags)
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / "build.lock")):  # one build at a time; the others then load it
+        # torch's own lock file, left behind by a build that was killed, would make every later
+        # `load` wait forever; under our lock (released by the OS when a builder dies) no other
+        # build of this directory runs, so a leftover one is stale
+        (directory / "lock").unlink(missing_ok=True)
         if not (directory / f"{MODULE_NAME}.so").exists():
             logger.info(
                 "Building the CPU kernels in %s (once per source version; this may take a few "
