@@ -48,7 +48,9 @@ def test_loaded_kernels_come_from_their_keyed_directory():
     assert Path(module.__file__).parent == built_in
 
 
-def test_builds_are_announced_run_one_at_a_time_and_survive_a_killed_build(copied_sources, monkeypatch, caplog):
+def test_builds_are_announced_run_one_at_a_time_and_survive_a_killed_build(
+    copied_sources, monkeypatch, caplog
+):
     running, overlaps = [], []
 
     def fake_load(name, build_directory, **kwargs):
