@@ -3,8 +3,10 @@
 Loads `tokenizer.json` with the `tokenizers` library (no transformers, no torch). A directory with
 only a slow tokenizer (e.g. `tokenizer.model`) is converted once through transformers, as TGI's
 router does. Special tokens come from `tokenizer_config.json` (string or `{content: ...}` objects).
-EOS ids follow TGI (§7): a *list* `eos_token_id` in `generation_config.json` replaces the
-tokenizer's EOS.
+EOS ids: a *list* `eos_token_id` in `generation_config.json` replaces the tokenizer's EOS (TGI,
+§7); a single id there that differs from the tokenizer's EOS is added to it, as transformers and
+vLLM do (TGI uses only the tokenizer's), so a chat model whose converted tokenizer names another
+EOS still stops at the end of its turn.
 
 Long texts can be measured without tokenizing them whole: `count_tokens` counts piece by piece and
 stops past a limit, and `encode_tail` tokenizes only the end a truncation keeps, so the work (and
@@ -78,8 +80,8 @@ class Tokenizer:
         eos = gen_config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ()
         tok = cls(backend, config, eos_ids)
-        if not tok.eos_token_ids and isinstance(eos, int):
-            tok.eos_token_ids = (eos,)
+        if isinstance(eos, int) and eos not in tok.eos_token_ids:
+            tok.eos_token_ids = (*tok.eos_token_ids, eos)
         tok.model_dir = model_dir
         tok.config_path = Path(config_path) if config_path else None
         return tok

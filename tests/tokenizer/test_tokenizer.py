@@ -28,9 +28,12 @@ def test_generation_config_eos_list_replaces_tokenizer_eos(sp_tok):
     assert sp_tok.model_max_length is None  # 1e30 means unbounded
 
 
-def test_generation_config_int_eos_does_not_replace(tmp_path, bytelevel_dir):
+def test_generation_config_int_eos_is_added_to_the_tokenizers(tmp_path, bytelevel_dir):
+    """transformers and vLLM stop on both (TGI only on the tokenizer's)."""
     _copy_tokenizer(bytelevel_dir, tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert Tokenizer.from_dir(tmp_path).eos_token_ids == (2, 5)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     assert Tokenizer.from_dir(tmp_path).eos_token_ids == (2,)
 
 
