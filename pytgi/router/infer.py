@@ -27,10 +27,10 @@ from pytgi.router.errors import IncompleteStreamError, generation_error
 from pytgi.router.outputs import (
     ChatPrompt,
     Generation,
+    SimpleToken,
     StreamDetails,
     StreamEvent,
     Timings,
-    TokenSpan,
     ToolCall,
 )
 from pytgi.router.params import GenerateParameters, GrammarParam
@@ -160,12 +160,12 @@ class Infer:
                 # the engine finished without a token to carry the final event
                 raise IncompleteStreamError()
 
-    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[TokenSpan]:
+    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[SimpleToken]:
         """TGI `/tokenize`: ids with their text and byte offsets into `inputs` (no truncation)."""
         encoded = await self.validator.encode(inputs, add_special_tokens=add_special_tokens)
         raw = inputs.encode("utf-8")
         return [
-            TokenSpan(i, raw[s:e].decode("utf-8", "replace"), s, e)
+            SimpleToken(i, raw[s:e].decode("utf-8", "replace"), s, e)
             for i, (s, e) in zip(encoded.ids, encoded.offsets, strict=True)
         ]
 

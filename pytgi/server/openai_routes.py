@@ -28,7 +28,7 @@ from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_event_stream
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.openai_protocol import ChatRequest, response_format_param
-from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
+from pytgi.server.protocol import ChatTokenizeResponse
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
 from pytgi.server.strict_json import StrictJSONRoute
@@ -188,8 +188,7 @@ async def post_chat_tokenize(req: ChatRequest, ctx: ServerContext = Depends(get_
     metrics.tgi_request_count.inc()
     prompt = await render(ctx, req)
     spans = await ctx.infer.tokenize(prompt.text, add_special_tokens=False)
-    tokens = [SimpleToken.from_span(s) for s in spans]
-    return JSONBody(ChatTokenizeResponse(tokenize_response=tokens, templated_text=prompt.text))
+    return JSONBody(ChatTokenizeResponse(tokenize_response=spans, templated_text=prompt.text))
 
 
 @router.get("/v1/models", operation_id="openai_get_model_info")

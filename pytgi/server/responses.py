@@ -2,7 +2,7 @@
 
 Compact separators and UTF-8 text as TGI sends them; NaN and infinities (a first prefill token, a
 filtered top-n alternative) become `null`, which every JSON parser accepts. Pydantic wire models
-are dumped in their declared field order.
+and dataclasses are dumped in their declared field order.
 
 A JSON string may carry a lone UTF-16 surrogate (`"\\ud800"`), which Python decodes into a `str`
 that UTF-8 cannot encode; an error message that echoes it (a role, a tool name) must still be
@@ -12,12 +12,14 @@ encodes whatever the client sent.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
+from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic_core import PydanticSerializationError
 from starlette.responses import Response
 
@@ -47,11 +49,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _dump_model(model: BaseModel) -> str:
+@functools.cache
+def _adapter(kind: type) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def _is_wire(value: Any) -> bool:
+    """A pydantic model or dataclass (the router's result types are pydantic dataclasses)."""
+    return isinstance(value, BaseModel) or is_pydantic_dataclass(type(value))
+
+
+def _dump_wire(value: Any, kind: type) -> str:
+    adapter = _adapter(kind)
     try:
-        return model.model_dump_json()
+        return adapter.dump_json(value).decode()
     except PydanticSerializationError:  # a lone surrogate in a string field
-        return without_surrogates(_json(model.model_dump()))
+        return without_surrogates(_json(adapter.dump_python(value)))
 
 
 def _json(payload: Any) -> str:
@@ -60,10 +73,10 @@ def _json(payload: Any) -> str:
 
 def dumps(payload: Any) -> str:
     """Compact JSON text; it may hold lone surrogates: encode it with `encode_utf8`."""
-    if isinstance(payload, BaseModel):
-        return _dump_model(payload)
-    if isinstance(payload, list) and payload and isinstance(payload[0], BaseModel):
-        return "[" + ",".join(_dump_model(item) for item in payload) + "]"
+    if _is_wire(payload):
+        return _dump_wire(payload, type(payload))
+    if isinstance(payload, list) and payload and _is_wire(payload[0]):
+        return _dump_wire(payload, list[type(payload[0])])
     return _json(payload)
 
 

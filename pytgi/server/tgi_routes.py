@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from pytgi import metrics
 from pytgi.errors import PytgiError
+from pytgi.router.outputs import SimpleToken
 from pytgi.router.params import GenerateParameters
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
@@ -26,7 +27,6 @@ from pytgi.server.protocol import (
     GenerateRequest,
     GenerateResponse,
     Info,
-    SimpleToken,
     StreamResponse,
 )
 from pytgi.server.responses import JSONBody
@@ -137,7 +137,7 @@ async def post_generate_stream(req: GenerateRequest, ctx: ServerContext = Depend
 @router.post("/tokenize", operation_id="tokenize", response_model=list[SimpleToken])
 async def post_tokenize(req: GenerateRequest, ctx: ServerContext = Depends(get_context)):
     spans = await ctx.infer.tokenize(req.inputs)
-    return JSONBody([SimpleToken.from_span(s) for s in spans])
+    return JSONBody(spans)
 
 
 @router.get("/info", operation_id="get_model_info", response_model=Info)
