@@ -75,7 +75,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             enable_prefix_caching=not args.disable_prefix_caching,
         ),
         scheduler=SchedulerConfig(
-            max_batch_prefill_tokens=args.max_batch_prefill_tokens or 4096,
+            max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),
             max_batch_total_tokens=args.max_batch_total_tokens,
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
@@ -88,6 +88,28 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         num_threads=args.num_threads,
         cuda_graphs=tuple(args.cuda_graphs or ()),
     )
+
+
+# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
+# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
+# first token; a smaller one lets the prompts start in turn between decode steps (measured in
+# docs/PERFORMANCE.md, "CPU serving defaults").
+TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+CPU_MAX_BATCH_PREFILL_TOKENS = 512
+
+
+def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
+    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
+    prompt must fit in one step, so TGI's (larger) budget stays."""
+    if device == "cpu" and chunked_prefill:
+        return CPU_MAX_BATCH_PREFILL_TOKENS
+    return TGI_MAX_BATCH_PREFILL_TOKENS
+
+
+def default_prefill_tokens(args: argparse.Namespace) -> int:
+    # the CPU is pytgi's only platform (backends/selector.py); a GPU platform passes its name
+    chunked = not args.disable_prefill_chunking
+    return default_max_batch_prefill_tokens("cpu", chunked_prefill=chunked)
 
 
 def check_limits(args: argparse.Namespace) -> None:

@@ -78,7 +78,12 @@ MODEL_FLAGS = [
 ]
 
 ENGINE_FLAGS = [
-    Flag("--max-batch-prefill-tokens", "Token budget of one step (prompt chunks + decodes)", int),
+    Flag(
+        "--max-batch-prefill-tokens",
+        "Token budget of one step (prompt chunks + decodes) [default: 512 on CPU with chunked "
+        "prefill (measured, docs/PERFORMANCE.md), else TGI's 4096]",
+        int,
+    ),  # fmt: skip
     Flag(
         "--max-batch-total-tokens", "KV cache capacity in tokens (default: from free memory)", int
     ),

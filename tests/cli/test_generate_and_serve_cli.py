@@ -142,3 +142,23 @@ def test_env_flag_logs_the_runtime_environment():
     assert "Runtime environment:" in result.stderr
     assert f"pytgi: {__version__}" in result.stderr
     assert "torch: " in result.stderr and "CPU capability: " in result.stderr
+
+
+def _engine_config(*flags: str):
+    from pytgi.cli import configs
+    from pytgi.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", *flags])
+    return configs.engine_config(args, configs.model_config(args))
+
+
+def test_cpu_serving_uses_the_measured_step_budget():
+    from pytgi.cli.configs import default_max_batch_prefill_tokens
+
+    assert _engine_config().scheduler.max_batch_prefill_tokens == 512
+    explicit = _engine_config("--max-batch-prefill-tokens", "2048")
+    assert explicit.scheduler.max_batch_prefill_tokens == 2048
+    # a prompt must fit in one step without chunking, and GPUs keep TGI's default
+    unchunked = _engine_config("--disable-prefill-chunking")
+    assert unchunked.scheduler.max_batch_prefill_tokens == 4096
+    assert default_max_batch_prefill_tokens("cuda") == 4096
