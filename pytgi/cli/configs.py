@@ -95,7 +95,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
 # first token; a smaller one lets the prompts start in turn between decode steps (measured in
 # docs/PERFORMANCE.md, "CPU serving defaults").
 TGI_MAX_BATCH_PREFILL_TOKENS = 4096
-CPU_MAX_BATCH_PREFILL_TOKENS = 512
+CPU_MAX_BATCH_PREFILL_TOKENS = 1024
 
 
 def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:

@@ -80,7 +80,7 @@ MODEL_FLAGS = [
 ENGINE_FLAGS = [
     Flag(
         "--max-batch-prefill-tokens",
-        "Token budget of one step (prompt chunks + decodes) [default: 512 on CPU with chunked "
+        "Token budget of one step (prompt chunks + decodes) [default: 1024 on CPU with chunked "
         "prefill (measured, docs/PERFORMANCE.md), else TGI's 4096]",
         int,
     ),  # fmt: skip

@@ -155,7 +155,7 @@ def _engine_config(*flags: str):
 def test_cpu_serving_uses_the_measured_step_budget():
     from pytgi.cli.configs import default_max_batch_prefill_tokens
 
-    assert _engine_config().scheduler.max_batch_prefill_tokens == 512
+    assert _engine_config().scheduler.max_batch_prefill_tokens == 1024
     explicit = _engine_config("--max-batch-prefill-tokens", "2048")
     assert explicit.scheduler.max_batch_prefill_tokens == 2048
     # a prompt must fit in one step without chunking, and GPUs keep TGI's default
