@@ -23,6 +23,11 @@ SURROGATE_BODIES = {
         '{"messages":[{"role":"\\ud800","content":"hi"}],"max_tokens":3}',
         "template_error",
     ),
+    "chat_role_stream": (  # a template error comes before the stream starts (TGI: a 422)
+        "/v1/chat/completions",
+        '{"messages":[{"role":"\\ud800","content":"hi"}],"max_tokens":3,"stream":true}',
+        "template_error",
+    ),
     "tool_choice": (
         "/v1/chat/completions",
         '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"tool_choice":"\\ud800",'
