@@ -94,3 +94,16 @@ def _positive_float(name: str, default: float) -> float:
     if not 0 < number <= _MAX_TIMEOUT_S:
         raise ValueError(f"{name} must be a number of seconds in (0, 1e7], got {value!r}")
     return number
+
+
+def quant_activations() -> str:
+    """PYTGI_QUANT_ACTIVATIONS: how quantized linear layers take their activations on CPU:
+    "int8" (default: quantised per row and 32-wide block, integer kernels) or "fp32" (exact
+    products with the dequantised weights; slower)."""
+    return (get("PYTGI_QUANT_ACTIVATIONS") or "int8").strip().lower()
+
+
+def quantize_lm_head() -> bool:
+    """PYTGI_QUANTIZE_LM_HEAD=1 quantizes the LM head (and serves a tied embedding from it) with
+    the `--quantize` method too; by default it stays in full precision, as in TGI."""
+    return get_bool("PYTGI_QUANTIZE_LM_HEAD")

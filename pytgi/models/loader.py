@@ -145,13 +145,13 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _quant_config(model_config: ModelConfig, hf_config):
-    method = model_config.quantize or (getattr(hf_config, "quantization_config", None) or {}).get(
-        "quant_method"
-    )
-    if method:
-        raise ModelLoadError(f"quantization '{method}' is not supported by this model loader yet")
-    return None
+def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
+    checkpoint = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
+    if not (model_config.quantize or checkpoint):
+        return None
+    from pytgi.layers.quantization.registry import resolve_quant_config
+
+    return resolve_quant_config(model_config.quantize, checkpoint, dtype)
 
 
 def build_model(
@@ -165,8 +165,8 @@ def build_model(
     architecture, entry = resolve_architecture(getattr(hf_config, "architectures", None))
     model_class = get_model_class(entry)
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
-    quant_config = _quant_config(model_config, hf_config)
     dtype = context.dtype
+    quant_config = _quant_config(model_config, hf_config, dtype)
     with _default_dtype(dtype), torch.device(device), build_context(context):
         model = model_class(spec, quant_config)
     load_weights(model, iter_weights(model_dir, allow_pickle=model_config.allow_pickle_weights))

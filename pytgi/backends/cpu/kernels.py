@@ -30,8 +30,15 @@ from pytgi import envs
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "ops.cpp", CSRC / "decode_stack.cpp"]
-HEADERS = [CSRC / "common.h"]
+SOURCES = [
+    CSRC / "ops.cpp",
+    CSRC / "decode_stack.cpp",
+    CSRC / "quant_ops.cpp",
+    CSRC / "quant_scalar.cpp",
+    CSRC / "quant_avx2_i8.cpp",
+    CSRC / "quant_avx2_f32.cpp",
+]
+HEADERS = [CSRC / "common.h", CSRC / "quant.h", CSRC / "quant_avx2.h"]
 MODULE_NAME = "pytgi_cpu_ops"
 _state: dict[str, ModuleType | None] = {}
 
@@ -39,7 +46,8 @@ _state: dict[str, ModuleType | None] = {}
 def _cflags() -> list[str]:
     flags = ["-O3", "-fopenmp"]
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        flags += ["-mavx2", "-mfma"]  # the wheel's own dispatch picked these for this CPU
+        # the wheel's own dispatch picked AVX2 + FMA for this CPU; every such CPU has F16C
+        flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
 
 
