@@ -17,13 +17,13 @@ from pytgi.backends.cpu.quant_layout import (
     INT8,
     LUT4,
     PackedQuantWeight,
-    cdiv,
     pack_codes,
     pack_scales,
     unpack_codes,
 )
 from pytgi.backends.cpu.quant_ops import int8_acts_reference, quantize_activations, torch_linear
 from pytgi.layers.quantization.quantizers import code_table
+from pytgi.utils.math import cdiv
 
 
 @pytest.fixture(scope="module")

@@ -23,16 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
+from pytgi.utils.math import cdiv
+
 INT8, INT4, LUT4, FP8 = 0, 1, 2, 3
 FORMAT_NAMES = {INT8: "int8", INT4: "int4", LUT4: "lut4", FP8: "fp8"}
 GROUP = 8  # output columns per group
 KBLOCK = 32  # k per block
 PANEL = 16  # columns per fp32 panel: N pads to a multiple of this
 SCALE_BLOCKS = (16, 32, 64, 0)  # 0: one scale per output column
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def is_nibble_format(fmt: int) -> bool:

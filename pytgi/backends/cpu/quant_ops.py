@@ -22,8 +22,8 @@ from pytgi.backends.cpu.quant_layout import (
     KBLOCK,
     LUT4,
     PackedQuantWeight,
-    cdiv,
 )
+from pytgi.utils.math import cdiv
 
 CHUNK_GROUPS = 256  # the torch path dequantises 2048 output features at a time
 

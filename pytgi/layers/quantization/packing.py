@@ -24,6 +24,7 @@ from pytgi.backends.cpu.quant_layout import (
 )
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.quantized_weight import CodebookWeight, QuantizedWeight
+from pytgi.utils.math import cdiv
 
 KERNEL_BLOCKS = (64, 32, 16)  # scale blocks the kernels read (besides one per column)
 
@@ -50,8 +51,8 @@ def _expanded(per_block: torch.Tensor, piece, block: int) -> torch.Tensor:
         return per_block.float()
     k = piece.shape[1]
     width = k if piece.per_channel else piece.block_size
-    kblocks = -(-k // 32)
-    rows = {16: 2 * kblocks, 32: kblocks, 64: -(-kblocks // 2)}[block]  # what the kernels read
+    kblocks = cdiv(k, 32)
+    rows = {16: 2 * kblocks, 32: kblocks, 64: cdiv(kblocks, 2)}[block]  # what the kernels read
     out = per_block.float().repeat_interleave(width // block, dim=1)[:, :rows]
     return torch.nn.functional.pad(out, (0, rows - out.shape[1]))  # zero scales past K
 

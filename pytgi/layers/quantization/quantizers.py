@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from pytgi.layers.quantization.quantized_weight import CodebookWeight, QuantizedWeight
+from pytgi.utils.math import cdiv
 
 # bitsandbytes' code tables (functional.get_4bit_type), in index order.
 NF4_VALUES = [
@@ -106,7 +107,7 @@ def quantize_q4_1(w: torch.Tensor) -> QuantizedWeight:
 def quantize_codebook(w: torch.Tensor, name: str, block_size: int = 64) -> CodebookWeight:
     """bitsandbytes' NF4 / FP4 along each row (a last partial block gets its own absmax)."""
     n, k = w.shape
-    nb = -(-k // block_size)
+    nb = cdiv(k, block_size)
     padded = w.float().new_zeros(n, nb * block_size)
     padded[:, :k] = w
     b = padded.view(n, nb, block_size)
