@@ -24,7 +24,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
-from pytgi.models.config import ModelSpec, load_hf_config
+from pytgi.models.config import ModelSpec, has_remote_causal_lm, load_hf_config
 from pytgi.models.registry import get_model_class, resolve_architecture
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,11 @@ def build_model(
     from pytgi.models.weights import iter_weights
 
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)
-    architecture, entry = resolve_architecture(getattr(hf_config, "architectures", None))
+    architecture, entry = resolve_architecture(
+        getattr(hf_config, "architectures", None),
+        model_config.implementation,
+        remote_code=model_config.trust_remote_code and has_remote_causal_lm(hf_config),
+    )
     model_class = get_model_class(entry)
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
     quant_config = _quant_config(model_config, hf_config)
@@ -171,6 +175,7 @@ def build_model(
         model = model_class(spec, quant_config)
     load_weights(model, iter_weights(model_dir, allow_pickle=model_config.allow_pickle_weights))
     logger.info(
-        "loaded %s (%s, %d layers) from %s", architecture, dtype, spec.num_layers, model_dir
-    )
+        "loaded %s (%s implementation, %s, %d layers) from %s",
+        architecture, entry.implementation, dtype, spec.num_layers, model_dir,
+    )  # fmt: skip
     return model.eval(), spec
