@@ -58,13 +58,24 @@ def run_generate(args: argparse.Namespace) -> int:
     from pytgi.cli.configs import model_config
     from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
+    from pytgi.models.preflight import check_model_dir
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
+    from pytgi.utils.hub import resolve_model_dir
 
     try:
         params = sampling_params(args)
         model = model_config(args)
+        plan = check_model_dir(
+            resolve_model_dir(model),
+            implementation=model.implementation,
+            trust_remote_code=model.trust_remote_code,
+            allow_pickle_weights=model.allow_pickle_weights,
+        )  # before any model is loaded
+        print(f"[model: {plan.description}]", file=sys.stderr)
         llm = LLM(model.model_id, dtype=model.dtype, revision=model.revision,
-                  num_threads=args.num_threads)  # fmt: skip
+                  num_threads=args.num_threads, implementation=model.implementation,
+                  trust_remote_code=model.trust_remote_code,
+                  allow_pickle_weights=model.allow_pickle_weights)  # fmt: skip
     except PytgiError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

@@ -37,19 +37,20 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     with sock:
         try:
-            engine, infer, server_cfg = start_engine_and_router(args)
+            engine, infer, server_cfg, plan = start_engine_and_router(args)
         except (ConfigError, ModelLoadError) as exc:
             logger.error("%s", exc.message)
             return 1
         from pytgi.server.app import create_app
 
-        model_info = _model_info(server_cfg, args)
+        model_info = _model_info(server_cfg, args, plan)
         app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
         return asyncio.run(run_http(app, server_cfg, engine, sock))
 
 
 def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
+    from pytgi.models.preflight import check_model_dir
     from pytgi.router.infer import Infer
     from pytgi.tokenizer.tokenizer import Tokenizer
     from pytgi.utils.hub import resolve_model_dir
@@ -61,8 +62,14 @@ def start_engine_and_router(args: argparse.Namespace):
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
-    architecture = preflight.check_model_dir(model_dir)
-    logger.info("Architecture %s", architecture)
+    plan = check_model_dir(
+        model_dir,
+        implementation=model.implementation,
+        trust_remote_code=model.trust_remote_code,
+        allow_pickle_weights=model.allow_pickle_weights,
+        num_shard=engine_cfg.parallel.num_shard,
+    )
+    logger.info("Serving %s", plan.description)
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
@@ -86,7 +93,7 @@ def start_engine_and_router(args: argparse.Namespace):
         enable_prefill_logprobs=args.enable_prefill_logprobs,
         disable_grammar_support=args.disable_grammar_support,
     )
-    return engine, infer, server_cfg
+    return engine, infer, server_cfg, plan
 
 
 async def run_http(app, server_cfg, engine, sock) -> int:
@@ -190,11 +197,13 @@ def _model_sha(model_dir: Path) -> str | None:
     return None
 
 
-def _model_info(server_cfg, args: argparse.Namespace) -> dict:
+def _model_info(server_cfg, args: argparse.Namespace, plan) -> dict:
     num_shard = configs.num_shard(args)
     return {
         "model_id": server_cfg.model_id,
         "model_sha": server_cfg.model_sha,
         "validation_workers": args.validation_workers,
         "compute_type": envs.compute_type() or f"{num_shard}-cpu",
+        "model_architecture": plan.architecture,
+        "model_implementation": plan.implementation,
     }

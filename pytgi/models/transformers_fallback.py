@@ -56,12 +56,15 @@ class TransformersSpec(ModelSpec):
 
 class HiddenStatesPassthrough(nn.Module):
     """Stands in for the base model inside the causal-LM wrapper: its `inputs_embeds` are
-    already the final hidden states."""
+    already the final hidden states, returned in the base model's own output type (so that
+    heads reading further fields, such as MoE router logits, find them unset)."""
+
+    def __init__(self, output_type: type):
+        super().__init__()
+        self.output_type = output_type
 
     def forward(self, *args, inputs_embeds: torch.Tensor | None = None, **kwargs):
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-
-        return BaseModelOutputWithPast(last_hidden_state=inputs_embeds)
+        return self.output_type(last_hidden_state=inputs_embeds)
 
 
 class TransformersCausalLM(CausalLM):
@@ -78,16 +81,13 @@ class TransformersCausalLM(CausalLM):
             raise ModelLoadError("the transformers fallback does not run quantized weights")
         self.spec = spec
         hf_model = _build_hf_model(spec)
-        self.base_prefix = hf_model.base_model_prefix
-        base = getattr(hf_model, self.base_prefix, None)
-        if not isinstance(base, nn.Module):
-            raise ModelLoadError(
-                f"{type(hf_model).__name__} has no base model '{self.base_prefix}' to run alone"
-            )
-        self._attach_paged_attention(base, _probe(base, spec))
+        self.base_prefix = _base_model_name(hf_model, spec.architecture)
+        base = getattr(hf_model, self.base_prefix)
+        calls, output_type = _probe(base, spec)
+        self._attach_paged_attention(base, calls)
         for name, child in hf_model.named_children():
             self.add_module(name, child)
-        setattr(hf_model, self.base_prefix, HiddenStatesPassthrough())
+        setattr(hf_model, self.base_prefix, HiddenStatesPassthrough(output_type))
         self._hf_model = [hf_model]  # a list: its modules are ours already, not a submodule
         self.weight_renames = tuple(getattr(hf_model, "_checkpoint_conversion_mapping", {}).items())
         everything = {n for n, _ in self.named_parameters(remove_duplicate=False)}
@@ -128,34 +128,82 @@ class TransformersCausalLM(CausalLM):
 
 
 def _build_hf_model(spec: TransformersSpec) -> nn.Module:
-    """The transformers causal LM of the config, uninitialised (every parameter is loaded)."""
+    """The transformers causal LM the config names, uninitialised (every parameter is loaded)."""
     from transformers import AutoModelForCausalLM
     from transformers.modeling_utils import no_init_weights
 
     register_paged_attention()
+    options = {"attn_implementation": ATTENTION_NAME, "dtype": torch.get_default_dtype()}
     try:
         with no_init_weights():
-            model = AutoModelForCausalLM.from_config(
-                spec.hf_config,
-                attn_implementation=ATTENTION_NAME,
-                dtype=torch.get_default_dtype(),
-                trust_remote_code=spec.trust_remote_code,
-            )
-    except (ValueError, KeyError, TypeError, ImportError) as err:
+            if spec.trust_remote_code:  # the checkpoint's own class, named by its auto_map
+                model = AutoModelForCausalLM.from_config(
+                    spec.hf_config, trust_remote_code=True, **options
+                )
+            else:
+                model = _hf_model_class(spec)._from_config(spec.hf_config, **options)
+    except (ValueError, KeyError, TypeError, ImportError, AttributeError) as err:
         raise ModelLoadError(
             f"transformers cannot build {spec.architecture}: {str(err).splitlines()[0]}"
         ) from None
+    _check_backend_compatible(type(model), spec.architecture)
     model.tie_weights()  # from_pretrained would; init_weights skips it without initialisation
     for param in model.parameters():  # finite values for the probe; the loader fills them
         param.data.zero_()
     return model.eval()
 
 
-def _probe(base: nn.Module, spec: TransformersSpec) -> list[tuple[nn.Module, AttentionCall]]:
-    """Each attention module and its call, from one two-token forward of the base model."""
+def _base_model_name(hf_model: nn.Module, architecture: str) -> str:
+    """The attribute holding the decoder stack under the LM head: `base_model_prefix`, else the
+    one child that is itself a transformers model (Gemma 3's prefix names its multimodal twin)."""
+    from transformers import PreTrainedModel
+
+    prefix = hf_model.base_model_prefix
+    if isinstance(getattr(hf_model, prefix, None), nn.Module):
+        return prefix
+    names = [n for n, m in hf_model.named_children() if isinstance(m, PreTrainedModel)]
+    if len(names) != 1:
+        raise ModelLoadError(f"transformers' {architecture} has no base model to run alone")
+    return names[0]
+
+
+def _hf_model_class(spec: TransformersSpec):
+    """transformers' class named by the architecture, which must take the config's type and
+    custom attention functions."""
+    import transformers
+
+    model_class = getattr(transformers, spec.architecture)
+    config_class = getattr(model_class, "config_class", None)
+    if config_class is not None and not isinstance(spec.hf_config, config_class):
+        raise ModelLoadError(
+            f"config.json's model_type '{spec.hf_config.model_type}' does not fit its "
+            f"architecture {spec.architecture} (which takes {config_class.__name__})"
+        )
+    _check_backend_compatible(model_class, spec.architecture)
+    return model_class
+
+
+def _check_backend_compatible(model_class, architecture: str) -> None:
+    if not model_class.is_backend_compatible():
+        raise ModelLoadError(
+            f"transformers' {architecture} does not take custom attention functions "
+            "(transformers' attention interface), so the transformers fallback cannot run it on "
+            "pytgi's paged KV cache"
+        )
+
+
+def _probe(base: nn.Module, spec: TransformersSpec) -> tuple[list, type]:
+    """Each attention module and its call ((module, AttentionCall) in call order), and the base
+    model's output type, from one two-token forward of the base model."""
     ids = torch.zeros(1, 2, dtype=torch.long)
     with torch.inference_mode(), probe_attention_calls() as calls:
-        base(input_ids=ids, position_ids=torch.arange(2).unsqueeze(0), use_cache=False)
+        try:
+            out = base(input_ids=ids, position_ids=torch.arange(2).unsqueeze(0), use_cache=False)
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError) as err:
+            raise ModelLoadError(
+                f"transformers' {spec.architecture} fails a two-token forward as pytgi runs it "
+                f"(one flat sequence with position_ids, no cache): {str(err).splitlines()[0]}"
+            ) from None
     modules = [module for module, _ in calls]
     if len(set(map(id, modules))) != len(modules):
         raise ModelLoadError(f"{spec.architecture} calls one attention module twice per forward")
@@ -165,7 +213,7 @@ def _probe(base: nn.Module, spec: TransformersSpec) -> list[tuple[nn.Module, Att
             f"attention interface for its {spec.num_layers} layers; the transformers fallback "
             "serves models whose every layer is attention on the KV cache"
         )
-    return calls
+    return calls, type(out)
 
 
 def _paged_layer(call: AttentionCall, prefix: str) -> Attention:

@@ -1,0 +1,122 @@
+"""Checks of a model directory before any engine starts, so that a model pytgi cannot serve costs
+milliseconds, not a model load, and is refused in one line (`ModelLoadError`) naming the cause:
+
+- `config.json` exists and is a JSON object naming its architecture;
+- the architecture resolves (models/registry.py): natively, else to the transformers fallback
+  (an architecture of transformers' causal-LM table, or the checkpoint's own code with
+  --trust-remote-code), else refused;
+- the fallback's limits: one shard, no quantized checkpoint, text-only decoder models whose every
+  layer is attention (no encoder-decoder, multimodal or recurrent/state-space configs);
+- the weight files exist (safetensors, every shard an index names; pickle weights only with
+  --allow-pickle-weights).
+
+What needs the model itself (a tensor missing from the files, a parameter the attention backend
+cannot honour, a transformers model whose attention bypasses the attention interface) is checked
+when the model is built, before any weight is read or anything is allocated for the cache.
+
+Torch-free: the launcher's process (which serves HTTP) calls it, and so does `pytgi generate`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytgi.errors import ModelLoadError
+from pytgi.models.registry import NATIVE, TRANSFORMERS, resolve_architecture
+from pytgi.models.weights import find_weight_files
+
+# layer kinds the fallback's paged attention serves (transformers' `layer_types` spelling)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+MULTIMODAL_KEYS = ("vision_config", "audio_config", "text_config")
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Which implementation serves the checkpoint."""
+
+    architecture: str
+    implementation: str  # registry.NATIVE or registry.TRANSFORMERS
+
+    @property
+    def description(self) -> str:
+        kind = "native" if self.implementation == NATIVE else "transformers fallback"
+        return f"{self.architecture} ({kind} implementation)"
+
+
+def check_model_dir(
+    model_dir: Path,
+    *,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle_weights: bool = False,
+    num_shard: int = 1,
+) -> ModelPlan:
+    """The plan for serving `model_dir`; raises `ModelLoadError` with the cause."""
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    plan = plan_model(config, implementation, trust_remote_code)
+    if plan.implementation == TRANSFORMERS:
+        check_fallback_config(config, plan.architecture, num_shard)
+    find_weight_files(model_dir, allow_pickle_weights)
+    return plan
+
+
+def read_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"No config.json in {model_dir}: not a model directory")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"Cannot read {path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} is not a JSON object")
+    return config
+
+
+def plan_model(
+    config: dict, implementation: str = "auto", trust_remote_code: bool = False
+) -> ModelPlan:
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        architectures = None
+    remote = "AutoModelForCausalLM" in (config.get("auto_map") or {})
+    try:
+        architecture, entry = resolve_architecture(
+            architectures, implementation, remote_code=trust_remote_code and remote
+        )
+    except ModelLoadError as err:
+        if remote and not trust_remote_code:
+            raise ModelLoadError(
+                f"{err.message}; this checkpoint ships its own modeling code (auto_map), which "
+                "runs only with --trust-remote-code"
+            ) from None
+        raise
+    return ModelPlan(architecture, entry.implementation)
+
+
+def check_fallback_config(config: dict, architecture: str, num_shard: int) -> None:
+    """What the transformers fallback cannot serve, read from config.json."""
+    served = f"{architecture} runs on the transformers fallback, which"
+    if num_shard > 1:
+        raise ModelLoadError(f"{served} does not shard: use --num-shard 1 (got {num_shard})")
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ModelLoadError(f"{served} does not run quantized checkpoints ({method or 'yes'})")
+    if config.get("is_encoder_decoder"):
+        raise ModelLoadError(f"{served} serves decoder-only models (this is encoder-decoder)")
+    multimodal = [key for key in MULTIMODAL_KEYS if key in config]
+    if multimodal:
+        raise ModelLoadError(
+            f"{served} serves text-only models (config.json has {', '.join(multimodal)})"
+        )
+    layer_types = config.get("layer_types") or []
+    other = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES}, key=str)
+    if other:
+        raise ModelLoadError(
+            f"{served} serves models whose every layer is attention on the KV cache "
+            f"(config.json's layer_types has {', '.join(map(str, other))})"
+        )
