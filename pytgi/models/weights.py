@@ -17,7 +17,6 @@ import pickle
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
@@ -25,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from pytgi.errors import ModelLoadError
 from pytgi.utils.hub import PICKLE_INDEX, SAFETENSORS_INDEX
 
-if TYPE_CHECKING:  # torch is imported where tensors are read, so that finding files stays torch-free
+if TYPE_CHECKING:  # torch is imported where tensors are read: finding files stays torch-free
     import torch
 
 SINGLE_FILE = "model.safetensors"
