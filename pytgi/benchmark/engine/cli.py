@@ -64,6 +64,8 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
                                      "their timings for the rest (0: run all)"}),
     ("--max-batch-prefill-tokens", {"type": int, "help": "pytgi: token budget of one step"}),
     ("--max-batch-size", {"type": int, "help": "pytgi: maximum running requests"}),
+    ("--model-implementation", {"default": "auto", "choices": ("auto", "transformers"),
+                                "help": "pytgi: transformers forces the transformers fallback"}),
     ("--output", {"type": Path, "help": "write the results as JSON to this file"}),
     ("--markdown", {"type": Path, "help": "write a Markdown summary to this file"}),
 )  # fmt: skip
@@ -108,6 +110,7 @@ def bench_options(args: argparse.Namespace):
         sequential_sample=value("sequential_sample"),
         max_batch_prefill_tokens=value("max_batch_prefill_tokens"),
         max_batch_size=value("max_batch_size"),
+        model_implementation=value("model_implementation") or "auto",
     )
 
 

@@ -45,6 +45,7 @@ class BenchOptions:
     seed: int = 0
     max_batch_prefill_tokens: int | None = None
     max_batch_size: int | None = None
+    model_implementation: str = "auto"  # "transformers": pytgi runs the transformers fallback
     sequential_sample: int = 4  # identical requests run one at a time before replaying; 0: all
     bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
     gemm_size: int = 2048  # square matrices multiplied to measure GEMM throughput
@@ -119,6 +120,7 @@ def _load_runners(options: BenchOptions, model_dir: Path):
         threads,
         options.max_batch_prefill_tokens,
         options.max_batch_size,
+        options.model_implementation,
     )
     _check_capacity(options, core.cache_info.max_total_tokens)
     runners: dict[str, Runner] = {"pytgi": PytgiRunner(core).run}
