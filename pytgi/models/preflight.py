@@ -54,12 +54,28 @@ def check_model_dir(
     num_shard: int = 1,
 ) -> ModelPlan:
     """The plan for serving `model_dir`; raises `ModelLoadError` with the cause."""
-    model_dir = Path(model_dir)
-    config = read_config(model_dir)
+    plan = check_model_config(
+        model_dir,
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
+        num_shard=num_shard,
+    )
+    find_weight_files(Path(model_dir), allow_pickle_weights)
+    return plan
+
+
+def check_model_config(
+    model_dir: Path,
+    *,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    num_shard: int = 1,
+) -> ModelPlan:
+    """The checks of config.json alone (a hub model's before its weights are downloaded)."""
+    config = read_config(Path(model_dir))
     plan = plan_model(config, implementation, trust_remote_code)
     if plan.implementation == TRANSFORMERS:
         check_fallback_config(config, plan.architecture, num_shard)
-    find_weight_files(model_dir, allow_pickle_weights)
     return plan
 
 

@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from e2e.server import ServerProcess
 from models.runner_utils import load_hf
 from openai import OpenAI
 from text_generation import Client
+
+from e2e.server import ServerProcess
 
 PROMPTS = ["The quick brown fox", "Hello world! How are you", "def main():"]
 NEW_TOKENS = 16
