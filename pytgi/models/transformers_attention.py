@@ -7,7 +7,10 @@ sequence [1, T] with its real `position_ids`; transformers builds no mask for an
 function it does not know (masking_utils returns None), and each call hands over the layer's
 query [1, H, T, D] and key/value [1, KVH, T, D] after rotary. The function passes them to the
 pytgi `Attention` layer attached to the module (`PAGED_ATTR`), which stores K/V in that layer's
-paged cache and attends through the backend with the step's metadata (forward context).
+paged cache and attends through the backend with the step's metadata (forward context). Models
+that still build a mask themselves pass a causal mask over the flat batch; the paged layout is
+causal per sequence already, so it is ignored (TGI does the same) once the probe has seen that
+the mask is plain causal (no ALiBi bias, no window the call does not name).
 
 A layer's fixed parameters (heads, head sizes, scale, sliding window, soft-cap) are what the
 model passes at call time, so they are learned by one probe forward before the model is served
@@ -56,6 +59,20 @@ class AttentionCall:
     scale: float
     sliding_window: int | None
     softcap: float | None
+    own_mask: bool = False  # the model built its own (plain causal) mask, which is ignored
+
+
+def is_plain_causal(mask: torch.Tensor) -> bool:
+    """Whether the probe's [B, 1, 2, K >= 2] mask (bool: True attends; float: 0 attends, a large
+    negative blocks) is exactly causal: no bias on visible keys (ALiBi), the future and any
+    padding columns beyond the two keys blocked."""
+    if mask.dim() != 4 or mask.shape[-2] != 2 or mask.shape[-1] < 2:
+        return False
+    causal = torch.zeros(2, mask.shape[-1], dtype=torch.bool)
+    causal[:, 0] = causal[1, 1] = True
+    if mask.dtype == torch.bool:
+        return bool((mask == causal).all())
+    return bool((mask[..., causal] == 0).all() and (mask[..., ~causal] < -1e4).all())
 
 
 def paged_attention_forward(
@@ -102,9 +119,9 @@ def _record(module, query, key, value, attention_mask, scaling, kwargs):
     if _calls is None:
         raise RuntimeError(f"{type(module).__name__} has no paged attention layer (not probed)")
     name = type(module).__name__
-    if attention_mask is not None:
+    if attention_mask is not None and not is_plain_causal(attention_mask):
         raise ModelLoadError(
-            f"{name} builds its own attention mask (e.g. ALiBi or a custom pattern), which "
+            f"{name} builds its own attention mask (ALiBi or another pattern than causal), which "
             "pytgi's paged attention does not take"
         )
     if getattr(module, "is_causal", True) is False:
@@ -131,6 +148,7 @@ def _record(module, query, key, value, attention_mask, scaling, kwargs):
                 scale=float(scaling) if scaling is not None else head_size**-0.5,
                 sliding_window=kwargs.get("sliding_window"),
                 softcap=kwargs.get("softcap"),
+                own_mask=attention_mask is not None,
             ),
         )
     )

@@ -59,9 +59,15 @@ class HiddenStatesPassthrough(nn.Module):
     already the final hidden states, returned in the base model's own output type (so that
     heads reading further fields, such as MoE router logits, find them unset)."""
 
-    def __init__(self, output_type: type):
+    def __init__(self, output_type: type, child_names: set[str]):
         super().__init__()
         self.output_type = output_type
+        self.child_names = child_names  # the head may call a child: OPT's `model.decoder(...)`
+
+    def __getattr__(self, name: str):
+        if name != "child_names" and name in self.child_names:
+            return self
+        return super().__getattr__(name)
 
     def forward(self, *args, inputs_embeds: torch.Tensor | None = None, **kwargs):
         return self.output_type(last_hidden_state=inputs_embeds)
@@ -87,7 +93,8 @@ class TransformersCausalLM(CausalLM):
         self._attach_paged_attention(base, calls)
         for name, child in hf_model.named_children():
             self.add_module(name, child)
-        setattr(hf_model, self.base_prefix, HiddenStatesPassthrough(output_type))
+        child_names = {name for name, _ in base.named_children()}
+        setattr(hf_model, self.base_prefix, HiddenStatesPassthrough(output_type, child_names))
         self._hf_model = [hf_model]  # a list: its modules are ours already, not a submodule
         self.weight_renames = tuple(getattr(hf_model, "_checkpoint_conversion_mapping", {}).items())
         everything = {n for n, _ in self.named_parameters(remove_duplicate=False)}
@@ -212,6 +219,12 @@ def _probe(base: nn.Module, spec: TransformersSpec) -> tuple[list, type]:
             f"{spec.architecture} runs {len(calls)} attention layers through transformers' "
             f"attention interface for its {spec.num_layers} layers; the transformers fallback "
             "serves models whose every layer is attention on the KV cache"
+        )
+    window = getattr(spec.hf_config, "sliding_window", None)
+    if window and any(c.own_mask and c.sliding_window is None for _, c in calls):
+        raise ModelLoadError(
+            f"{spec.architecture} applies its sliding window ({window}) in a mask it builds "
+            "itself, which pytgi's paged attention does not take"
         )
     return calls, type(out)
 

@@ -111,7 +111,9 @@ def test_missing_tensor_is_refused_before_any_tensor_is_read(
          "attention backend does not support logits_soft_cap"),
         ("MambaConfig", "MambaForCausalLM", {"state_size": 4},
          "does not take custom attention functions"),
-        ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 128}, "builds its own attention mask"),
+        # OPT builds its own causal mask: fine, unless the config has a window it would apply
+        ("OPTConfig", "OPTForCausalLM", {"ffn_dim": 128, "sliding_window": 8},
+         "applies its sliding window \\(8\\) in a mask it builds itself"),
     ],
 )  # fmt: skip
 def test_refuses_what_paged_attention_cannot_run(config_class, arch, overrides, reason):
@@ -121,6 +123,21 @@ def test_refuses_what_paged_attention_cannot_run(config_class, arch, overrides, 
     config.architectures = [arch]
     with pytest.raises(ModelLoadError, match=reason):
         build_from_config(config)
+
+
+def test_plain_causal_masks():
+    from pytgi.models.transformers_attention import is_plain_causal
+
+    causal = torch.tensor([[True, False], [True, True]])
+    assert is_plain_causal(causal[None, None])
+    additive = torch.zeros(1, 1, 2, 3).masked_fill_(
+        ~torch.tensor([[1, 0, 0], [1, 1, 0]]).bool(), -1e30
+    )
+    assert is_plain_causal(additive)  # a padding column beyond the keys (Persimmon)
+    alibi = additive.clone()
+    alibi[..., 1, 0] = -0.5  # a distance bias on a visible key
+    assert not is_plain_causal(alibi)
+    assert not is_plain_causal(torch.ones(1, 1, 2, 2, dtype=torch.bool))  # not causal
 
 
 def test_refuses_tensor_parallelism(monkeypatch):

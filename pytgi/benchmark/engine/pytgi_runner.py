@@ -42,10 +42,9 @@ def create_engine(
 
 
 class PytgiRunner:
-    system = "pytgi"
-
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore, system: str = "pytgi"):
         self.core = core
+        self.system = system  # "pytgi", or "pytgi_transformers" for the fallback as a baseline
 
     def run(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
         requests = [RequestTrace(r.prompt_len, r.output_len) for r in workload.requests]
