@@ -45,8 +45,6 @@ from pytgi.models.transformers_attention import (
 
 logger = logging.getLogger(__name__)
 
-IMPLEMENTATION = "transformers"
-
 
 @dataclass(frozen=True, kw_only=True)
 class TransformersSpec(ModelSpec):
@@ -91,6 +89,11 @@ class TransformersCausalLM(CausalLM):
         base = getattr(hf_model, self.base_prefix)
         calls, output_type = _probe(base, spec)
         self._attach_paged_attention(base, calls)
+        logger.info(
+            "transformers fallback: %s (transformers %s) with %d paged attention layers: %s",
+            spec.architecture, _transformers_version(), len(calls),
+            ", ".join(sorted({_describe(call) for _, call in calls})),
+        )  # fmt: skip
         for name, child in hf_model.named_children():
             self.add_module(name, child)
         child_names = {name for name, _ in base.named_children()}
@@ -227,6 +230,17 @@ def _probe(base: nn.Module, spec: TransformersSpec) -> tuple[list, type]:
             "itself, which pytgi's paged attention does not take"
         )
     return calls, type(out)
+
+
+def _describe(call: AttentionCall) -> str:
+    window = f", window {call.sliding_window}" if call.sliding_window else ""
+    return f"{call.num_heads}/{call.num_kv_heads} heads of {call.head_size}{window}"
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _paged_layer(call: AttentionCall, prefix: str) -> Attention:
