@@ -154,3 +154,56 @@ def test_model_type_must_fit_the_architecture(tiny_model_factory, tmp_path):
     (model_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="model_type 'llama' does not fit"):
         build(model_dir)
+
+
+CUSTOM_CONFIG = """from transformers import LlamaConfig
+
+
+class TinyCustomConfig(LlamaConfig):
+    model_type = "tiny-custom"
+"""
+CUSTOM_MODEL = """from transformers import LlamaForCausalLM
+
+from .configuration_tiny_custom import TinyCustomConfig
+
+
+class TinyCustomForCausalLM(LlamaForCausalLM):
+    config_class = TinyCustomConfig
+"""
+
+
+def test_checkpoint_code_runs_only_when_trusted(tiny_model_factory, tmp_path):
+    """A checkpoint shipping its own modeling code (auto_map): refused without
+    --trust-remote-code, served through the fallback with it, with the same logits."""
+    from models.runner_utils import BlockAllocator, hf_logits, load_hf, prompt, scheduled, step
+
+    from pytgi.backends.selector import select_platform
+    from pytgi.config import EngineConfig
+    from pytgi.worker.model_runner import ModelRunner
+
+    model_dir = tmp_path / "custom"
+    shutil.copytree(tiny_model_factory("llama"), model_dir)
+    (model_dir / "configuration_tiny_custom.py").write_text(CUSTOM_CONFIG)
+    (model_dir / "modeling_tiny_custom.py").write_text(CUSTOM_MODEL)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(
+        model_type="tiny-custom",
+        architectures=["TinyCustomForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tiny_custom.TinyCustomConfig",
+            "AutoModelForCausalLM": "modeling_tiny_custom.TinyCustomForCausalLM",
+        },
+    )
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError):
+        build(model_dir)
+    config = EngineConfig(model=ModelConfig(model_id=str(model_dir), trust_remote_code=True))
+    runner = ModelRunner(config, select_platform())
+    runner.load_model(model_dir)
+    runner.allocate_kv_cache(8)
+    assert isinstance(runner.model, TransformersCausalLM)
+    assert type(runner.model._hf_model[0]).__name__ == "TinyCustomForCausalLM"
+    ids = prompt(20, 1)
+    logits = runner.forward(step(scheduled("r", ids, 0, len(ids), BlockAllocator().take(20))))
+    reference = hf_logits(load_hf(tiny_model_factory("llama")), ids)[-1]
+    assert (logits[0] - reference).abs().max() < 1e-4
