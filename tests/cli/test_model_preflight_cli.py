@@ -13,6 +13,8 @@ import sys
 import pytest
 from e2e.server import free_port
 
+from pytgi.cli.main import main
+
 TIMEOUT_S = 120
 
 
@@ -56,29 +58,41 @@ def bad_models(tiny_model_factory, tmp_path_factory):
     }
 
 
-CASES = ["unsupported", "no weights", "fallback sharded", "recurrent"]
+def assert_refused_before_the_engine(stderr: str, message: str) -> None:
+    errors = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and message in errors[0], stderr
+    assert "Traceback" not in stderr
+    assert not any(name in stderr for name in ("pytgi.engine", "pytgi.worker", "loaded "))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_serve_refuses_before_the_engine_starts(case, bad_models):
-    model_dir, flags, message = bad_models[case]
-    result = run_cli(
-        "serve", "--model-id", str(model_dir), "--port", str(free_port()), *flags
-    )  # fmt: skip
+def test_serve_process_refuses_before_the_engine_starts(bad_models):
+    model_dir, flags, message = bad_models["unsupported"]
+    result = run_cli("serve", "--model-id", str(model_dir), "--port", str(free_port()))
     assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and message in errors[0], result.stderr
-    assert "Traceback" not in result.stderr
-    assert not any(name in result.stderr for name in ("pytgi.engine", "pytgi.worker", "loaded "))
+    assert_refused_before_the_engine(result.stderr, message)
 
 
-@pytest.mark.parametrize("case", ["unsupported", "no weights"])
-def test_generate_refuses_in_one_line(case, bad_models):
+@pytest.mark.parametrize("case", ["no weights", "fallback sharded", "recurrent"])
+def test_serve_refuses_before_the_engine_starts(case, bad_models, capsys):
+    """The same entry point in this process (no interpreter start per case)."""
     model_dir, flags, message = bad_models[case]
-    result = run_cli("generate", "hi", "--model-id", str(model_dir), *flags)
+    assert main(["serve", "--model-id", str(model_dir), "--port", str(free_port()), *flags]) == 1
+    assert_refused_before_the_engine(capsys.readouterr().err, message)
+
+
+def test_generate_process_refuses_in_one_line(bad_models):
+    model_dir, _, message = bad_models["unsupported"]
+    result = run_cli("generate", "hi", "--model-id", str(model_dir))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"error: {result.stderr.strip()[7:]}"]
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_refuses_missing_weights(bad_models, capsys):
+    model_dir, _, message = bad_models["no weights"]
+    assert main(["generate", "hi", "--model-id", str(model_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and message in err
 
 
 def test_serve_refuses_a_model_the_fallback_cannot_build_in_one_line(tiny_model_factory, tmp_path):
