@@ -57,9 +57,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
     envs.set_default_threading_env()
     from pytgi.cli.configs import model_config
+    from pytgi.cli.preflight import check_model_config, check_model_dir
     from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
-    from pytgi.models.preflight import check_model_config, check_model_dir
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
     from pytgi.utils.hub import resolve_model_dir
 

@@ -51,7 +51,6 @@ def serve(args: argparse.Namespace) -> int:
 
 def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
-    from pytgi.models.preflight import check_model_config, check_model_dir
     from pytgi.router.infer import Infer
     from pytgi.tokenizer.tokenizer import Tokenizer
     from pytgi.utils.hub import resolve_model_dir
@@ -65,11 +64,14 @@ def start_engine_and_router(args: argparse.Namespace):
         num_shard=engine_cfg.parallel.num_shard,
     )
     # config.json is checked before any weight is downloaded, the weight files once they are in
-    model_dir = resolve_model_dir(model, check_config=partial(check_model_config, **checks))
+    check_config = partial(preflight.check_model_config, **checks)
+    model_dir = resolve_model_dir(model, check_config=check_config)
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
-    plan = check_model_dir(model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks)
+    plan = preflight.check_model_dir(
+        model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks
+    )
     logger.info("Serving %s", plan.description)
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)

@@ -244,7 +244,7 @@ def test_pickle_listing_failure_leaves_the_error_to_the_loader(monkeypatch, tmp_
 
 
 def test_config_checked_before_any_weight_is_fetched(monkeypatch, tmp_path):
-    from pytgi.models.preflight import check_model_config
+    from pytgi.cli.preflight import check_model_config
 
     (tmp_path / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"]}')
     hub = fake_hub(monkeypatch, tmp_path)

@@ -1,5 +1,5 @@
-"""models/preflight: what the launcher and `pytgi generate` refuse before an engine starts, from
-config.json and the file list alone (no torch)."""
+"""cli/preflight's model checks: what the launcher and `pytgi generate` refuse before an engine
+starts, from config.json and the file list alone (no torch)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
+from pytgi.cli.preflight import ModelPlan, check_model_dir
 from pytgi.errors import ModelLoadError
-from pytgi.models.preflight import ModelPlan, check_model_dir
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
 OLMO2 = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2"}
@@ -98,7 +98,7 @@ def test_weight_files(tmp_path):
 def test_imports_no_torch(tmp_path):
     path = model_dir(tmp_path, OLMO2)
     code = (
-        "import sys; from pytgi.models.preflight import check_model_dir; "
+        "import sys; from pytgi.cli.preflight import check_model_dir; "
         f"print(check_model_dir({str(path)!r}).implementation); "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
