@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,18 @@ class ModelConfig:
     seed: int = 0  # random-weight init, warm-up inputs
     # the longest sequence served (--max-total-tokens); None: the model's max_position_embeddings
     max_model_len: int | None = None
+    # "auto": the native implementation when pytgi has one, else the transformers fallback;
+    # "transformers": the fallback even for a natively implemented architecture
+    implementation: str = "auto"
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.implementation not in MODEL_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"--model-implementation must be one of {', '.join(MODEL_IMPLEMENTATIONS)}, "
+                f"got '{self.implementation}'"
+            )
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         hub_offline=envs.hub_offline(),
         tokenizer_config_path=args.tokenizer_config_path,
         max_model_len=getattr(args, "max_total_tokens", None),
+        implementation=args.model_implementation,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
+from pytgi.config import MODEL_IMPLEMENTATIONS
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ MODEL_FLAGS = [
         "--allow-pickle-weights",
         "Accept pickle .bin checkpoints (loaded with weights_only=True, converted to safetensors)",
         switch=True,
+    ),  # fmt: skip
+    Flag(
+        "--model-implementation",
+        "auto: pytgi's native model code when it has the architecture, else transformers' code "
+        "on pytgi's paged KV cache; transformers: the latter for every architecture",
+        default="auto",
+        choices=MODEL_IMPLEMENTATIONS,
     ),  # fmt: skip
     Flag("--huggingface-hub-cache", "Hub cache directory"),
     Flag("--tokenizer-config-path", "Alternate tokenizer_config.json (chat template source)"),

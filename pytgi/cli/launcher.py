@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from pytgi import envs
@@ -37,13 +38,13 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     with sock:
         try:
-            engine, infer, server_cfg = start_engine_and_router(args)
+            engine, infer, server_cfg, plan = start_engine_and_router(args)
         except (ConfigError, ModelLoadError) as exc:
             logger.error("%s", exc.message)
             return 1
         from pytgi.server.app import create_app
 
-        model_info = _model_info(server_cfg, args)
+        model_info = _model_info(server_cfg, args, plan)
         app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
         return asyncio.run(run_http(app, server_cfg, engine, sock))
 
@@ -57,12 +58,21 @@ def start_engine_and_router(args: argparse.Namespace):
     model = configs.model_config(args)
     engine_cfg = configs.engine_config(args, model)
     start = time.perf_counter()
-    model_dir = resolve_model_dir(model)
+    checks = dict(
+        implementation=model.implementation,
+        trust_remote_code=model.trust_remote_code,
+        num_shard=engine_cfg.parallel.num_shard,
+    )
+    # config.json is checked before any weight is downloaded, the weight files once they are in
+    check_config = partial(preflight.check_model_config, **checks)
+    model_dir = resolve_model_dir(model, check_config=check_config)
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
-    architecture = preflight.check_model_dir(model_dir)
-    logger.info("Architecture %s", architecture)
+    plan = preflight.check_model_dir(
+        model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks
+    )
+    logger.info("Serving %s", plan.description)
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
@@ -86,7 +96,7 @@ def start_engine_and_router(args: argparse.Namespace):
         enable_prefill_logprobs=args.enable_prefill_logprobs,
         disable_grammar_support=args.disable_grammar_support,
     )
-    return engine, infer, server_cfg
+    return engine, infer, server_cfg, plan
 
 
 async def run_http(app, server_cfg, engine, sock) -> int:
@@ -190,11 +200,13 @@ def _model_sha(model_dir: Path) -> str | None:
     return None
 
 
-def _model_info(server_cfg, args: argparse.Namespace) -> dict:
+def _model_info(server_cfg, args: argparse.Namespace, plan) -> dict:
     num_shard = configs.num_shard(args)
     return {
         "model_id": server_cfg.model_id,
         "model_sha": server_cfg.model_sha,
         "validation_workers": args.validation_workers,
         "compute_type": envs.compute_type() or f"{num_shard}-cpu",
+        "model_architecture": plan.architecture,
+        "model_implementation": plan.implementation,
     }

@@ -85,6 +85,12 @@ def load_hf_config(model_dir: Path, trust_remote_code: bool = False):
         raise ModelLoadError(f"cannot read the model config in {model_dir}: {e}") from e
 
 
+def has_remote_causal_lm(hf_config) -> bool:
+    """Whether the config maps AutoModelForCausalLM to code in the checkpoint's repository."""
+    auto_map = getattr(hf_config, "auto_map", None) or {}
+    return "AutoModelForCausalLM" in auto_map
+
+
 def require(hf_config, name: str):
     value = getattr(hf_config, name, None)
     if value is None:

@@ -79,16 +79,16 @@ def _model_dir_without_weights(path, demo_model_dir, **config_updates):
 
 
 def test_unsupported_architecture_is_one_line_before_the_engine(tmp_path, demo_model_dir):
-    model_dir = _model_dir_without_weights(
-        tmp_path, demo_model_dir, architectures=["GPT2LMHeadModel"]
+    model_dir = _model_dir_without_weights(  # neither native nor in transformers' table
+        tmp_path, demo_model_dir, architectures=["NoSuchModelForCausalLM"]
     )
     shutil.copy(demo_model_dir / "model.safetensors", model_dir / "model.safetensors")
     result = _serve("--model-id", str(tmp_path))
     assert result.returncode == 1
     errors = _error_lines(result)
     assert len(errors) == 1, result.stderr
-    assert "unsupported model architecture ['GPT2LMHeadModel']" in errors[0]
-    assert "supported: " in errors[0] and "LlamaForCausalLM" in errors[0]
+    assert "unsupported model architecture ['NoSuchModelForCausalLM']" in errors[0]
+    assert "LlamaForCausalLM" in errors[0] and "transformers fallback" in errors[0]
     assert "Traceback" not in result.stderr
     assert "Engine" not in result.stderr  # refused before the engine process started
 
@@ -98,7 +98,8 @@ def test_directory_without_weights_is_one_line_before_the_engine(tmp_path, demo_
     result = _serve("--model-id", str(tmp_path))
     assert result.returncode == 1
     errors = _error_lines(result)
-    assert len(errors) == 1 and f"No weights in {tmp_path}" in errors[0], result.stderr
+    assert len(errors) == 1, result.stderr
+    assert f"No safetensors weights found in {tmp_path}" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
 
 
