@@ -177,15 +177,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class ApplyRotary(CustomOp):
-    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU kernel rotates x
-    in place, the reference returns a new tensor: use the return value, and do not need x
-    unrotated afterwards."""
+    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU and CUDA kernels
+    rotate x in place, the reference returns a new tensor: use the return value, and do not need
+    x unrotated afterwards."""
 
     def forward_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return apply_rotary(x, cos, sin)
 
     def forward_cpu(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
+        return x
+
+    def forward_cuda(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # the Triton kernel, in place
         return x
 
 
