@@ -12,8 +12,6 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip("triton")
-
 
 @pytest.fixture
 def device() -> torch.device:
