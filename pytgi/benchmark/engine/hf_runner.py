@@ -50,7 +50,7 @@ class HfRunner:
 
         hf_logging.set_verbosity_error()  # no per-call warnings in the benchmark's output
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        self.model.to(device).eval()
+        self.model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.device = device
         config = self.model.generation_config
         candidates = (config.pad_token_id, _first(config.eos_token_id), 0)

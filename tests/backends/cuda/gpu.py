@@ -40,7 +40,7 @@ def load_hf_cuda(model_dir: Path, dtype: torch.dtype):
         model_dir, attn_implementation="eager", dtype=dtype
     )
     model.generation_config.eos_token_id = None
-    return model.to("cuda").eval()
+    return model.to(device="cuda", dtype=dtype).eval()  # dtype again: older transformers ignore it
 
 
 def record(name: str, values: dict) -> None:
