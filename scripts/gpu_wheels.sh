@@ -11,8 +11,8 @@ dest="${1:-.gpu-wheels}"
 mkdir -p "$dest"
 pure=(fastapi starlette annotated-doc uvicorn h11 click anyio sniffio pydantic annotated-types
       typing-inspection typing_extensions httpx httpcore certifi idna prometheus_client pytest
-      pluggy iniconfig packaging Jinja2 tqdm exceptiongroup tomli)  # the last two: Python < 3.11
-binary=(pydantic_core MarkupSafe)
+      pluggy iniconfig packaging Jinja2 tqdm exceptiongroup)  # exceptiongroup, tomli: Python < 3.11
+binary=(pydantic_core MarkupSafe tomli)
 pin() {  # the version installed here, else the latest
   local v
   v=$(pip show "$1" 2>/dev/null | awk '/^Version:/{print $2}')
