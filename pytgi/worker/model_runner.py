@@ -134,6 +134,7 @@ class ModelRunner:
         self.capture_decode_steps()  # its memory stays with the allocator while the KV is sized
         self.free_kv_cache()
 
+    @torch.inference_mode()
     def capture_decode_steps(self) -> None:
         """Let the decode-step accelerator record its steps over the current KV caches (CUDA
         graphs), logging the time and memory it took; nothing for accelerators that record none."""
