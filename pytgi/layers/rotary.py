@@ -150,11 +150,16 @@ class RotaryEmbedding(nn.Module):
     def num_positions(self) -> int:
         return self.cos_table.shape[0]
 
-    def reserve(self, num_positions: int) -> None:
-        """Cover positions < num_positions (grown geometrically). The model runner calls it
-        before a step's forward with the step's longest sequence: never inside the forward."""
-        if num_positions > self.num_positions:
+    def reserve(self, num_positions: int) -> bool:
+        """Cover positions < num_positions (grown geometrically, on the table's device); True when
+        the table was rebuilt. The model runner calls it before a step's forward with the step's
+        longest sequence: never inside the forward (nor inside a captured CUDA graph, which
+        would go on reading the old table: the runner captures again)."""
+        if num_positions <= self.num_positions:
+            return False
+        with torch.device(self.cos_table.device):
             self._build_table(max(num_positions, 2 * self.num_positions))
+        return True
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions [T] (each < the table's length) -> (cos, signed sin), each [T, 1,

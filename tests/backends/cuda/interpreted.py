@@ -22,8 +22,10 @@ class EagerRecorder:
 
     def __init__(self):
         self.replays: Counter[int] = Counter()  # by the output's number of rows
+        self.records = 0
 
     def record(self, fn):
+        self.records += 1
         output = fn()
         rows = output.shape[0]
 

@@ -60,11 +60,9 @@ def test_static_inputs_pad_rows_store_nothing_and_read_one_key():
     assert view.is_decode_only and view.block_table.data_ptr() == static.block_table.data_ptr()
 
 
-@pytest.fixture(scope="module")
-def runners(tiny_model_factory):
+def make_runners(model_dir):
     """The CUDA platform's runner (graphs of 2 rows) and the CPU reference runner, both bf16."""
     torch.set_num_threads(1)
-    model_dir = tiny_model_factory("llama", num_hidden_layers=1)
     config = EngineConfig(model=ModelConfig(model_id=str(model_dir), dtype="bfloat16"))
     platform = InterpretedCudaPlatform(cuda_graphs=(2,))
     triton_runner = ModelRunner(config, platform)
@@ -76,24 +74,45 @@ def runners(tiny_model_factory):
     return triton_runner, reference, platform.recorder
 
 
-def test_decode_steps_replayed_over_static_buffers_match_the_reference(runners):
-    triton_runner, reference, recorder = runners
+def run_and_compare(runners, seqs, tables, num_prompt, rids, start) -> None:
+    """One step of `rids` from `start` on both runners; the reference's greedy token is then
+    appended to every row (teacher-forced: both see the same tokens)."""
+    triton_runner, reference, _ = runners
+    out = step(
+        *(scheduled(r, seqs[r], start[r], len(seqs[r]), tables[r], num_prompt=num_prompt[r])
+          for r in rids)
+    )  # fmt: skip
+    ours, expected = triton_runner.forward(out), reference.forward(out)
+    torch.testing.assert_close(ours.float(), expected.float(), atol=3e-2, rtol=3e-2)
+    for row, rid in enumerate(rids):
+        seqs[rid] = seqs[rid] + [int(expected[row].argmax())]
+
+
+def test_decode_steps_replayed_over_static_buffers_match_the_reference(tiny_model_factory):
+    runners = make_runners(tiny_model_factory("llama", num_hidden_layers=1))
+    recorder = runners[2]
     blocks = BlockAllocator()  # the first request owns block 0: a padding row writing there shows
     seqs = {rid: prompt(n, seed=n) for rid, n in (("a", 9), ("b", 17), ("c", 3))}
     tables = {rid: blocks.take(len(ids) + 4) for rid, ids in seqs.items()}
     num_prompt = {rid: len(ids) for rid, ids in seqs.items()}
-
-    def run(rids: list[str], start: dict[str, int]) -> None:
-        out = step(
-            *(scheduled(r, seqs[r], start[r], len(seqs[r]), tables[r], num_prompt=num_prompt[r])
-              for r in rids)
-        )  # fmt: skip
-        ours, expected = triton_runner.forward(out), reference.forward(out)
-        torch.testing.assert_close(ours.float(), expected.float(), atol=3e-2, rtol=3e-2)
-        for row, rid in enumerate(rids):  # teacher-forced: both runners see the same tokens
-            seqs[rid] = seqs[rid] + [int(expected[row].argmax())]
-
-    run(["a", "b", "c"], dict.fromkeys(seqs, 0))  # prefill: eager Triton
+    run_and_compare(runners, seqs, tables, num_prompt, ["a", "b", "c"], dict.fromkeys(seqs, 0))
     for rids, replays in ((["a", "b", "c"], 0), (["b"], 1), (["a", "c"], 2), (["a", "b"], 3)):
-        run(rids, {r: len(seqs[r]) - 1 for r in rids})  # 3 rows: eager; then bucket 2
+        start = {r: len(seqs[r]) - 1 for r in rids}
+        run_and_compare(runners, seqs, tables, num_prompt, rids, start)  # 3 rows: eager
         assert recorder.replays[2] == replays
+
+
+def test_a_grown_rotary_table_is_captured_again(tiny_model_factory):
+    """Positions past the table (a model of 60 positions, blocks of 16: the graph's block table
+    holds 64) make the runner rebuild the cos/sin table; the graphs read the old one, so the
+    runner records them again before replaying."""
+    model_dir = tiny_model_factory("llama", num_hidden_layers=1, max_position_embeddings=60)
+    runners = make_runners(model_dir)
+    recorder = runners[2]
+    assert recorder.records == 1
+    seqs = {"a": prompt(61, seed=7)}
+    tables, num_prompt = {"a": [0, 1, 2, 3]}, {"a": 61}
+    run_and_compare(runners, seqs, tables, num_prompt, ["a"], {"a": 0})  # table: 60 -> 120
+    assert recorder.records == 2
+    run_and_compare(runners, seqs, tables, num_prompt, ["a"], {"a": 61})  # replayed at 61
+    assert recorder.replays[2] == 1
