@@ -148,7 +148,7 @@ class ModelRunner:
             self._forward_with, self.metadata_builder, self.block_size, max_model_len
         )
         self.platform.synchronize()
-        used = available - self.platform.available_memory_bytes()
+        used = max(0, available - self.platform.available_memory_bytes())
         logger.info(
             "%s: captured in %.2f s, %.1f MiB of device memory",
             accelerator.name,

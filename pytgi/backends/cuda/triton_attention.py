@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-NEG = -1.0e30  # masked score (finite: see the module docstring)
+NEG = tl.constexpr(-1.0e30)  # masked score (finite: see the module docstring)
 
 
 @triton.jit
@@ -90,7 +90,7 @@ def store_kv_kernel(
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask_v)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["table_stride", "num_splits"])
 def decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -125,7 +125,7 @@ def decode_split_kernel(
     row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + row)
+    seq_len = tl.load(seq_lens_ptr + row).to(tl.int32)
     first = 0
     if WINDOW > 0:
         first = tl.maximum(seq_len - WINDOW, 0)
@@ -230,7 +230,7 @@ def decode_merge_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["table_stride"])
 def prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -265,8 +265,8 @@ def prefill_kernel(
     head = tl.program_id(1)
     kv_head = head // GROUP
     flat_start = tl.load(tiles_ptr + tile * 4)
-    num_queries = tl.load(tiles_ptr + tile * 4 + 1)
-    first_pos = tl.load(tiles_ptr + tile * 4 + 2)
+    num_queries = tl.load(tiles_ptr + tile * 4 + 1).to(tl.int32)
+    first_pos = tl.load(tiles_ptr + tile * 4 + 2).to(tl.int32)
     table = table_ptr + tl.load(tiles_ptr + tile * 4 + 3) * table_stride
 
     offs_m = tl.arange(0, BLOCK_M)
