@@ -51,3 +51,17 @@ def test_bad_device_settings_stop_the_launcher(argv, env, message, monkeypatch, 
         monkeypatch.setenv(name, value)
     assert launcher_main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "budget"),
+    [({"PYTGI_DEVICE": "cuda"}, 4096), ({"PYTGI_DEVICE": "cpu"}, 1024),
+     ({"CUDA_VISIBLE_DEVICES": ""}, 1024)],
+)  # fmt: skip
+def test_step_budget_follows_the_expected_platform(env, budget, monkeypatch):
+    """TGI's 4096-token step on a GPU, the CPU's measured budget there (the API process guesses
+    the platform without torch: a hidden GPU, or none, is the CPU)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["serve"])
+    assert engine_config(args, model_config(args)).scheduler.max_batch_prefill_tokens == budget
