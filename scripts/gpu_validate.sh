@@ -17,14 +17,14 @@
 #
 #   bash scripts/gpu_validate.sh              # everything
 #   bash scripts/gpu_validate.sh tests        # phases 1-4 only; `bench`: 1-3, 5-6
-# Env: OUT, PYTHON (default python), PYTGI_WHEELS (default .gpu-wheels), PYTGI_GPU_WORK (scratch
+# Env: OUT, PYTHON (default python, else python3), PYTGI_WHEELS (default .gpu-wheels), PYTGI_GPU_WORK (scratch
 # for the 1B checkpoint, default /tmp/pytgi-gpu; reused when already there), PYTEST_ARGS (extra
 # pytest arguments, e.g. "-k parity" to rerun a subset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
 OUT="${OUT:-$PWD/gpu-results}"
-PY="${PYTHON:-python}"
+PY="${PYTHON:-$(command -v python || command -v python3)}"
 WHEELS="${PYTGI_WHEELS:-.gpu-wheels}"
 WORK="${PYTGI_GPU_WORK:-/tmp/pytgi-gpu}"
 MODEL_1B="$WORK/llama-3.2-1b-shaped"
