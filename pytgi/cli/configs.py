@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 from pytgi import envs
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
+    DeviceConfig,
     EngineConfig,
     LimitsConfig,
     ModelConfig,
@@ -64,8 +67,6 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
     if args.quantize:
         raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
-    if args.cuda_graphs:
-        logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -85,9 +86,8 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         parallel=ParallelConfig(
             num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
         ),
-        device=envs.device_config(),
+        device=device_config(args),
         num_threads=args.num_threads,
-        cuda_graphs=tuple(args.cuda_graphs or ()),
     )
 
 
@@ -96,6 +96,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
 # first token; a smaller one lets the prompts start in turn between decode steps (measured in
 # docs/PERFORMANCE.md, "CPU serving defaults").
 TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # present wherever the NVIDIA driver exposes a GPU
 CPU_MAX_BATCH_PREFILL_TOKENS = 1024
 
 
@@ -108,9 +109,30 @@ def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = Tru
 
 
 def default_prefill_tokens(args: argparse.Namespace) -> int:
-    # the CPU is pytgi's only platform (backends/selector.py); a GPU platform passes its name
     chunked = not args.disable_prefill_chunking
-    return default_max_batch_prefill_tokens("cpu", chunked_prefill=chunked)
+    platform = expected_platform(device_config(args))
+    return default_max_batch_prefill_tokens(platform, chunked_prefill=chunked)
+
+
+def expected_platform(config: DeviceConfig) -> str:
+    """The platform the engine will choose (backends/selector.py), guessed here without importing
+    torch (the API process stays torch-free): on `auto`, CUDA when an NVIDIA device is visible."""
+    if config.device != "auto":
+        return config.device
+    visible = envs.cuda_visible_devices()
+    hidden = visible is not None and visible.strip() in ("", "-1")
+    return "cuda" if Path(NVIDIA_CONTROL_DEVICE).exists() and not hidden else "cpu"
+
+
+def device_config(args: argparse.Namespace) -> DeviceConfig:
+    """The environment's device config with the --cuda-* flags applied (TGI: `--cuda-graphs`
+    unset = 1,2,4,8,16,32; `0` = no graphs)."""
+    config = envs.device_config()
+    if args.cuda_graphs is not None:
+        config = replace(config, cuda_graphs=envs.parse_cuda_graphs(args.cuda_graphs))
+    if args.cuda_memory_fraction is not None:
+        config = replace(config, cuda_memory_fraction=args.cuda_memory_fraction)
+    return config
 
 
 def check_limits(args: argparse.Namespace) -> None:

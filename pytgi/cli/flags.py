@@ -43,7 +43,12 @@ def _bool(value: str) -> bool:
 
 
 def _size_list(value: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in value.split(",") if v.strip())
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got '{value}'"
+        ) from None
 
 
 QUANTIZE = (
@@ -63,7 +68,8 @@ MODEL_FLAGS = [
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
         "--dtype",
-        "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
+        "Compute dtype; default float32 on CPU (bf16/fp16 matmul is ~40x slower there), "
+        "float16 on CUDA (bfloat16 for the families TGI runs in bf16)",
         choices=("float32", "float16", "bfloat16"),
     ),  # fmt: skip
     Flag(
@@ -109,8 +115,13 @@ ENGINE_FLAGS = [
     Flag("--master-port", "torch.distributed master port", int, 29500),
     Flag("--quantize", _quantize_help(), choices=QUANTIZE),
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
-    Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
-    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
+    Flag(
+        "--cuda-graphs",
+        "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "
+        "CUDA only)",
+        _size_list,
+    ),  # fmt: skip
+    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (default 1.0; CUDA only)", float),
     Flag(
         "--speculate",
         "Draft tokens verified per decode step, proposed by n-gram lookup in the request's own "
