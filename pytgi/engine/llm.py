@@ -121,6 +121,9 @@ def engine_config(
     num_shard: int = 1,
     num_threads: int | None = None,
     speculate: int = 0,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle_weights: bool = False,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`)."""
     if model_id is None:
@@ -128,7 +131,14 @@ def engine_config(
 
         model_id = demo_model_path()
     return EngineConfig(
-        model=ModelConfig(model_id=model_id, revision=revision, dtype=dtype),
+        model=ModelConfig(
+            model_id=model_id,
+            revision=revision,
+            dtype=dtype,
+            implementation=implementation,
+            trust_remote_code=trust_remote_code,
+            allow_pickle_weights=allow_pickle_weights,
+        ),
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,

@@ -1,5 +1,6 @@
 """Normalisation layers with an optional fused residual add: RMSNorm (Llama; Gemma's (1 + w)
-variant) and LayerNorm with or without a bias. Both compute in fp32, as transformers does.
+variant) and LayerNorm with or without a bias. Both compute in fp32, as transformers does; one
+compiled kernel each on CPU (fp32), a Triton kernel for Llama's RMSNorm on CUDA.
 
 Contract of both (the decoder blocks carry the residual stream separately): `norm(x)` returns the
 normalised x; `norm(x, residual)` returns (norm(residual + x), residual + x). The compiled CPU
@@ -27,6 +28,8 @@ class RMSNorm(CustomOp):
         self.weight_offset = weight_offset
         dtype = params_dtype or torch.get_default_dtype()
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), requires_grad=False)
+        if weight_offset:
+            self.native_on("cuda")  # the Triton kernel rounds before the weight, Llama's order
 
     def process_weights_after_loading(self) -> None:
         if self.weight_offset:
@@ -51,6 +54,14 @@ class RMSNorm(CustomOp):
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
+            return self.forward_native(x, residual)
+        if residual is None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.add_rms_norm_(x, residual, self.weight, self.eps), residual
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The Triton kernel, which (like the CPU one) writes residual + x into `residual`."""
+        if x.stride(-1) != 1 or (residual is not None and not residual.is_contiguous()):
             return self.forward_native(x, residual)
         if residual is None:
             return self.kernels.rms_norm(x, self.weight, self.eps)

@@ -32,10 +32,14 @@ ROTARY_HIDDEN_SIZE = 4096  # BaichuanForCausalLM: 7B is rotary, 13B (5120) ALiBi
 
 
 class NormHead(ParallelLMHead):
-    """Baichuan 2's LM head: each vocabulary row divided by its L2 norm at load time."""
+    """Baichuan 2's LM head: each vocabulary row divided by its L2 norm at load time (before a
+    quantized head packs it)."""
 
     def weight_loader(self, param, loaded: torch.Tensor, shard_id=None) -> None:
         super().weight_loader(param, F.normalize(loaded.float(), dim=-1).to(loaded.dtype))
+
+    def _load_rows(self, param, loaded: torch.Tensor, shard_id=None) -> None:
+        super()._load_rows(param, F.normalize(loaded.float(), dim=-1).to(loaded.dtype))
 
 
 class BaichuanForCausalLM(DecoderForCausalLM):

@@ -17,6 +17,7 @@ role at all, so a flag added later is refused until someone teaches the accelera
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,6 +126,14 @@ def field_role(spec_type: type, name: str) -> str | None:
     return None
 
 
+def read_model_type(model_dir: Path) -> str | None:
+    """config.json's `model_type` (None when absent or unreadable: the loader reports those)."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_hf_config(model_dir: Path, trust_remote_code: bool = False):
     """The checkpoint's config through transformers; for an architecture pytgi implements natively
     that transformers has no class for (Baichuan: remote code on the hub), config.json read as a
@@ -153,6 +162,12 @@ def _native_plain_config(model_dir: Path):
         return None
     native = set(supported_architectures())
     return config if any(a in native for a in config.architectures or []) else None
+
+
+def has_remote_causal_lm(hf_config) -> bool:
+    """Whether the config maps AutoModelForCausalLM to code in the checkpoint's repository."""
+    auto_map = getattr(hf_config, "auto_map", None) or {}
+    return "AutoModelForCausalLM" in auto_map
 
 
 def require(hf_config, name: str):

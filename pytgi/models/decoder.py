@@ -68,7 +68,7 @@ class DecoderModel(nn.Module):
         """positions [T] -> (cos, sin) [R, T, 1, rotary_dim], one row per rotary table (an empty
         [1, T, 1, 0] without rotary)."""
         if not self.rotary_embs:
-            empty = torch.empty(1, positions.shape[0], 1, 0, dtype=dtype)
+            empty = torch.empty(1, positions.shape[0], 1, 0, dtype=dtype, device=positions.device)
             return empty, empty
         tables = [rope(positions, dtype) for rope in self.rotary_embs]
         if len(tables) == 1:
@@ -96,7 +96,9 @@ class DecoderForCausalLM(CausalLM):
         self.spec = spec
         self.model = DecoderModel(spec, quant_config)
         head_class = self.lm_head_class(spec)
-        self.lm_head = head_class(spec.vocab_size, spec.hidden_size, bias=spec.lm_head_bias)
+        self.lm_head = head_class(
+            spec.vocab_size, spec.hidden_size, quant_config=quant_config, bias=spec.lm_head_bias
+        )
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 

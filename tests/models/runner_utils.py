@@ -17,13 +17,17 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-def engine_config(model_dir: Path, **cache) -> EngineConfig:
-    return EngineConfig(model=ModelConfig(model_id=str(model_dir)), cache=CacheConfig(**cache))
+def engine_config(model_dir: Path, implementation: str = "auto", **cache) -> EngineConfig:
+    model = ModelConfig(model_id=str(model_dir), implementation=implementation)
+    return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 128) -> ModelRunner:
+def make_runner(
+    model_dir: Path, num_blocks: int = 128, implementation: str = "auto"
+) -> ModelRunner:
     """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
-    runner = ModelRunner(engine_config(model_dir), select_platform(envs.device_config()))
+    config = engine_config(model_dir, implementation)
+    runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
     return runner

@@ -19,6 +19,7 @@ using namespace pytgi;
 
 namespace pytgi {
 void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
+void register_quant(pybind11::module& m);         // quant_ops.cpp
 }
 
 // x [..., D] contiguous -> weight * x / sqrt(mean(x^2) + eps), per row (transformers' formula).
@@ -544,4 +545,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("start"), py::arg("block_size"), py::arg("scale"), py::arg("window"),
         py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   register_decode_stack(m);
+  register_quant(m);
 }
