@@ -41,6 +41,6 @@ def apply_token_bitmask_(
     banned = banned_tokens(bitmask, scores.shape[1]).to(scores.device)  # [R, V]
     if rows is None:
         return scores.masked_fill_(banned, float("-inf"))
-    for i, row in enumerate(rows):
-        scores[row].masked_fill_(banned[i], float("-inf"))
+    index = torch.tensor(rows, dtype=torch.int64, device=scores.device)  # [R]
+    scores[index] = scores[index].masked_fill_(banned, float("-inf"))  # [R, V] into [B, V]
     return scores
