@@ -99,10 +99,7 @@ class GrammarManager:
         if not rows:
             return
         bitmask = self.filler.allocate(num_rows)  # int32 [rows, ceil(V / 32)]
-        if num_rows == len(rows):  # no drafts
-            self.filler.fill([(matcher, row) for matcher, row, _ in rows], bitmask)
-        else:
-            self.filler.fill_with_drafts(rows, bitmask)
+        self.filler.fill_with_drafts(rows, bitmask)
         for scheduled, first in targets:
             scheduled.grammar_bitmask = bitmask[first : first + 1 + len(scheduled.draft_ids)]
 

@@ -108,7 +108,9 @@ class ErrorKind(str, enum.Enum):
     """Why the engine failed a request (`RequestOutput.error`)."""
 
     GENERATION = "generation"  # the step failed (TGI's 424 "Request failed during generation")
-    GRAMMAR = "grammar"  # its grammar cannot be used with this vocabulary: a 422, before any token
+    # its grammar failed: at compile (against the vocabulary, before any token) or at a limit
+    # while generating (e.g. too many lexer states): the router's 422 with TGI's grammar texts
+    GRAMMAR = "grammar"
 
 
 @dataclass

@@ -247,10 +247,14 @@ class Scheduler:
             logprobs = model_output.prefill_logprobs.get(scheduled.request_id)
             if logprobs is not None:
                 self._gather_prompt_logprobs(request, scheduled.start_pos, logprobs)
-            if error is not None:  # its grammar refused a token: no output from here on
+            if error is not None:  # its grammar failed (a limit reached): no output from here on
                 self.running.remove(request)
                 self._finish(request, FinishReason.ABORTED)
-                deltas.append(RequestOutput(request.request_id, finished=True, error=error))
+                deltas.append(
+                    RequestOutput(
+                        request.request_id, finished=True, error=error, error_kind=ErrorKind.GRAMMAR
+                    )
+                )
                 continue
             if not tokens:
                 continue
@@ -277,7 +281,7 @@ class Scheduler:
     ) -> tuple[list[SampledToken], FinishReason | None, str | None]:
         """Append sampled tokens until one stops the request; returns those appended, the finish
         reason, and an error if the request's grammar refused a token (its mask was EOS-only
-        because the matcher failed: a lexer limit reached mid-generation).
+        because the matcher failed: a lexer limit reached mid-generation, e.g. `a{1000000}`).
 
         A grammar request also ends where its grammar does (EOS accepted), even with
         `ignore_eos_token`: nothing may follow.
@@ -285,7 +289,7 @@ class Scheduler:
         grammar = request.grammar
         for i, token in enumerate(sampled):
             if grammar is not None and not grammar.accept_token(token.token_id):
-                return sampled[:i], None, f"grammar: {grammar.error or 'token refused'}"
+                return sampled[:i], None, grammar.error or "the grammar refused a token"
             request.output_ids.append(token.token_id)
             reason = check_stop(request, token.token_id)
             if reason is None and grammar is not None and grammar.is_stopped:
