@@ -81,7 +81,5 @@ def test_grammar_runs_before_the_warpers_and_after_the_penalties():
 def test_each_draft_row_has_its_own_mask():
     logits = logits_for(1).expand(3, VOCAB)  # the same scores at each verification position
     base = build_request()
-    rows = [
-        with_mask(replace(base, drafts=[9] * j, output_index=j), 10 + j) for j in range(3)
-    ]
+    rows = [with_mask(replace(base, drafts=[9] * j, output_index=j), 10 + j) for j in range(3)]
     assert [t.token_id for t in Sampler(VOCAB)(logits, rows)] == [10, 11, 12]
