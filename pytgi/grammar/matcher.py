@@ -120,8 +120,9 @@ class BitmaskFiller:
     ) -> list[int]:
         """Masks for a multi-token step: for (matcher, row, drafts), `bitmask[row + j]` is the mask
         after the first j drafts (j = 0 .. len(drafts)), one row per verification position; rows
-        without drafts are plain rows. The matchers end where they started; drafts should be cut at `count_valid` first (a row past
-        an invalid draft is left untouched). Returns the first rows of the failed matchers."""
+        without drafts are plain rows. The matchers end where they started; drafts should be cut
+        at `count_valid` first (a row past an invalid draft is left untouched). Returns the first
+        rows of the failed matchers."""
         if not rows:
             return []
         for _, row, drafts in rows:

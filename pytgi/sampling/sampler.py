@@ -4,10 +4,11 @@ Order: watermark → repetition penalty → frequency penalty → grammar → te
 top-p → typical-p → greedy argmax or seeded sampling. Each stage is a field of `SamplingMetadata`
 (None when no row needs it) and a step of `Sampler.process` at its place in that order: a new
 processor adds both. The reported logprob is log_softmax of the processed scores (as TGI), and
-top-n alternatives come from the same logprobs. Only the processors some row needs run; an all-greedy batch without penalties, watermark or grammar takes a fast path (argmax +
-one log_softmax). The grammar stage sets the tokens a row's grammar forbids to -inf (its mask comes
-from the engine, rank 0 only), so greedy, seeded sampling and the logprobs all see the constrained
-distribution.
+top-n alternatives come from the same logprobs. Only the processors some row needs run; an
+all-greedy batch without penalties, watermark or grammar takes a fast path (argmax + one
+log_softmax). The grammar stage sets the tokens a row's grammar forbids to -inf (its mask comes
+from the engine, rank 0 only), so greedy, seeded sampling and the logprobs all see the
+constrained distribution.
 
 Seeded sampling is batch-invariant and survives preemption: the request's k-th generated token is
 drawn by inverse CDF with one uniform number `u(seed, k)` (the k-th output of a splitmix64 stream

@@ -1,0 +1,266 @@
+"""Constrained against free decoding in the same run, through pytgi's engine (EngineCore, its
+scheduler, grammar manager, model runner and sampler): the decode step time at batch 1 and 16 for
+a JSON schema and a regex, with the grammar's share of each step (token masks filled by the
+engine, applied by the sampler, matchers advanced by the scheduler), and the compile time p50/p99
+of realistic grammars (scripts/grammar_cases.py) against the model's vocabulary.
+
+    python scripts/make_smollm_shaped.py /tmp/smollm2-shaped --tokenizer-from <SmolLM2 tokenizer>
+    nice python scripts/bench_constrained_decoding.py --model-id /tmp/smollm2-shaped
+
+Rounds interleave the modes (free, json, regex) so that a shared machine's load hits all of them
+alike. Only steps where every request of the batch decodes one token count; the grammars cannot
+end before `--max-new-tokens`, and free requests ignore EOS, so every measured step has the full
+batch. Compiles are timed on a fresh compiler per round (no cache), as `CompiledGrammar.compile_s`
+(building the grammar and its first mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from grammar_cases import REALISTIC  # noqa: E402
+
+# a JSON document that cannot close within the measured tokens (at least 40 records)
+RECORDS = {
+    "type": "object",
+    "properties": {
+        "records": {
+            "type": "array",
+            "minItems": 40,
+            "maxItems": 200,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "city": {"enum": ["Paris", "Berlin", "Madrid", "Rome", "Lisbon"]},
+                    "active": {"type": "boolean"},
+                    "score": {"type": "number"},
+                },
+                "required": ["name", "age", "city", "active", "score"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["records"],
+    "additionalProperties": False,
+}
+# log lines, at least 20 of them
+LOG_LINES = r"(\d{4}-\d{2}-\d{2} (INFO|WARN|ERROR) [a-z]{3,12}( [a-z0-9]{2,10}){2,8}\.\n){20,60}"
+PROMPT = "Write the records of the city's registry, one per line, as requested: "
+MODES = ("free", "json", "regex")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-id", required=True, help="model directory (e.g. SmolLM2-shaped)")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num-threads", type=int, default=1)
+    parser.add_argument("--compile-repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    return parser.parse_args()
+
+
+class StepProbe:
+    """Times the grammar's work inside the engine (mask fill, apply, accept) by wrapping the
+    functions that do it; `take()` returns and resets the totals."""
+
+    def __init__(self, core):
+        import pytgi.sampling.sampler as sampler_module
+        from pytgi.grammar.matcher import GrammarMatcher
+
+        self.totals: dict[str, float] = defaultdict(float)
+        manager = core.grammar
+        manager.fill_masks = self._timed("fill", manager.fill_masks)
+        sampler_module.apply_grammar = self._timed("apply", sampler_module.apply_grammar)
+        GrammarMatcher.accept_token = self._timed("accept", GrammarMatcher.accept_token)
+
+    def _timed(self, name, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.totals[name] += time.perf_counter() - start
+
+        return timed
+
+    def take(self) -> dict[str, float]:
+        totals, self.totals = dict(self.totals), defaultdict(float)
+        return totals
+
+
+def requests_for(llm, mode: str, batch: int, max_new: int):
+    from pytgi.engine.request import EngineRequest
+    from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+
+    grammar = {
+        "free": None,
+        "json": GrammarSpec.json_schema(RECORDS),
+        "regex": GrammarSpec.regex(LOG_LINES),
+    }[mode]
+    eos = tuple(llm.tokenizer.eos_token_ids)
+    out = []
+    for i in range(batch):
+        ids = llm.tokenizer.encode(f"{PROMPT}#{i} {uuid.uuid4().hex[:8]}").ids
+        stopping = StoppingParams(max_new, eos, ignore_eos_token=grammar is None)
+        out.append(EngineRequest(uuid.uuid4().hex, ids, SamplingParams(grammar=grammar), stopping))
+    return out
+
+
+def run_batch(llm, probe: StepProbe, mode: str, batch: int, max_new: int) -> dict:
+    """Run one batch to its end; the decode steps with the full batch, timed."""
+    core = llm.core
+    executor = core.executor
+    full_decode = []
+    execute = executor.execute
+
+    def execute_and_classify(scheduler_output):
+        rows = scheduler_output.requests
+        full_decode.append(len(rows) == batch and scheduler_output.num_tokens == batch)
+        return execute(scheduler_output)
+
+    executor.execute = execute_and_classify
+    for request in requests_for(llm, mode, batch, max_new):
+        core.add_request(request)
+    steps, parts = [], defaultdict(float)
+    finished = 0
+    try:
+        while core.has_unfinished():
+            probe.take()
+            start = time.perf_counter()
+            outputs = core.step()
+            elapsed = time.perf_counter() - start
+            grammar_s = probe.take()
+            finished += sum(o.finished for o in outputs)
+            if any(o.error for o in outputs):
+                raise RuntimeError(next(o.error for o in outputs if o.error))
+            if full_decode and full_decode[-1] and finished == 0:
+                steps.append(elapsed)
+                for name, value in grammar_s.items():
+                    parts[name] += value
+            full_decode.clear()
+    finally:
+        executor.execute = execute
+    n = max(len(steps), 1)
+    return {
+        "steps": len(steps),
+        "step_ms": [s * 1e3 for s in steps],
+        **{f"{name}_ms": value * 1e3 / n for name, value in parts.items()},
+    }
+
+
+def decode_benchmark(llm, args) -> dict:
+    probe = StepProbe(llm.core)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    for batch in batch_sizes:  # warm-up: compiles, lexer states, allocator
+        for mode in MODES:
+            run_batch(llm, probe, mode, batch, 8)
+    results: dict = {b: {m: defaultdict(list) for m in MODES} for b in batch_sizes}
+    for r in range(args.rounds):
+        for batch in batch_sizes:
+            order = MODES[r % 3 :] + MODES[: r % 3]
+            for mode in order:
+                run = run_batch(llm, probe, mode, batch, args.max_new_tokens)
+                slot = results[batch][mode]
+                slot["step_ms"] += run["step_ms"]
+                for part in ("fill", "apply", "accept"):
+                    slot[f"{part}_ms"].append(run.get(f"{part}_ms", 0.0))
+                print(f"round {r} batch {batch:2d} {mode:5s}: {run['steps']} steps, "
+                      f"median {statistics.median(run['step_ms']):.2f} ms", flush=True)  # fmt: skip
+    return summarise(results)
+
+
+def summarise(results: dict) -> dict:
+    table = {}
+    for batch, modes in results.items():
+        free = statistics.median(modes["free"]["step_ms"])
+        for mode, slot in modes.items():
+            median = statistics.median(slot["step_ms"])
+            table[f"b{batch}_{mode}"] = {
+                "batch": batch,
+                "mode": mode,
+                "steps": len(slot["step_ms"]),
+                "step_ms_median": median,
+                "step_ms_mean": statistics.fmean(slot["step_ms"]),
+                "overhead_pct": 100.0 * (median - free) / free,
+                **{k: statistics.fmean(v) for k, v in slot.items() if k != "step_ms"},
+            }
+    return table
+
+
+def compile_benchmark(llm, repeats: int) -> dict:
+    from pytgi.config import GrammarConfig
+    from pytgi.engine.sampling_params import GrammarSpec
+    from pytgi.grammar import GrammarCompiler
+
+    vocab = llm.core.grammar.vocab
+    times: dict[str, list[float]] = defaultdict(list)
+    for _ in range(repeats):
+        compiler = GrammarCompiler(vocab, GrammarConfig())  # no cache across rounds
+        for name, kind, value in REALISTIC:
+            spec = GrammarSpec.json_schema(value) if kind == "json" else GrammarSpec.regex(value)
+            times[name].append(compiler.compile(spec).compile_s * 1e3)
+        compiler.close()
+    every = sorted(t for ts in times.values() for t in ts)
+    return {
+        "cases": len(times),
+        "compiles": len(every),
+        "p50_ms": every[len(every) // 2],
+        "p99_ms": every[min(len(every) - 1, round(0.99 * (len(every) - 1)))],
+        "max_ms": every[-1],
+        "per_case_median_ms": {k: statistics.median(v) for k, v in times.items()},
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    from pytgi.engine.llm import LLM
+
+    load_start = os.getloadavg()
+    llm = LLM(args.model_id, num_threads=args.num_threads, max_batch_prefill_tokens=1024)
+    vocab_size = llm.core.grammar.vocab.vocab_size
+    print(f"model {args.model_id}: vocabulary {vocab_size}, {args.num_threads} thread(s)")
+    try:
+        decode = decode_benchmark(llm, args)
+        compiles = compile_benchmark(llm, args.compile_repeats)
+    finally:
+        llm.close()
+    load_end = os.getloadavg()
+    header = "| batch | mode | steps | step ms | vs free | fill ms | apply ms | accept ms |"
+    print(f"\n{header}")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in decode.values():
+        print(f"| {row['batch']} | {row['mode']} | {row['steps']} | {row['step_ms_median']:.2f} | "
+              f"{row['overhead_pct']:+.1f} % | {row.get('fill_ms', 0):.3f} | "
+              f"{row.get('apply_ms', 0):.3f} | {row.get('accept_ms', 0):.3f} |")  # fmt: skip
+    print(f"\ncompile ({compiles['compiles']} compiles of {compiles['cases']} grammars): "
+          f"p50 {compiles['p50_ms']:.2f} ms, p99 {compiles['p99_ms']:.2f} ms, "
+          f"max {compiles['max_ms']:.2f} ms")  # fmt: skip
+    print(f"load average: {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end")
+    if args.json:
+        record = {
+            "model": args.model_id,
+            "vocab_size": vocab_size,
+            "num_threads": args.num_threads,
+            "load_average": {"start": load_start, "end": load_end},
+            "decode": decode,
+            "compile": compiles,
+        }
+        args.json.write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
