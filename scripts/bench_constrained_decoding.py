@@ -74,8 +74,10 @@ def parse_args() -> argparse.Namespace:
 
 
 class StepProbe:
-    """Times the grammar's work inside the engine (mask fill, apply, accept) by wrapping the
-    functions that do it; `take()` returns and resets the totals."""
+    """Times the grammar's work inside the engine by wrapping the functions that do it: the mask
+    fill (on the engine's mask thread, during the forward: wall and that thread's CPU time), the
+    sampler's wait for it (the part the forward did not hide), the apply and the matchers'
+    accept; `take()` returns and resets the totals (seconds)."""
 
     def __init__(self, core):
         import pytgi.sampling.sampler as sampler_module
@@ -83,17 +85,19 @@ class StepProbe:
 
         self.totals: dict[str, float] = defaultdict(float)
         manager = core.grammar
-        manager.fill_masks = self._timed("fill", manager.fill_masks)
+        manager.filler.fill_with_drafts = self._timed("fill", manager.filler.fill_with_drafts)
+        manager.wait_for_masks = self._timed("wait", manager.wait_for_masks)
         sampler_module.apply_grammar = self._timed("apply", sampler_module.apply_grammar)
         GrammarMatcher.accept_token = self._timed("accept", GrammarMatcher.accept_token)
 
     def _timed(self, name, fn):
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.totals[name] += time.perf_counter() - start
+                self.totals[f"{name}_cpu"] += time.thread_time() - start_cpu
 
         return timed
 
@@ -120,8 +124,10 @@ def requests_for(llm, mode: str, batch: int, max_new: int):
     return out
 
 
-def run_batch(llm, probe: StepProbe, mode: str, batch: int, max_new: int) -> dict:
-    """Run one batch to its end; the decode steps with the full batch, timed."""
+def run_batch(llm, probe: StepProbe, mode: str, batch: int, max_new: int) -> dict[str, list]:
+    """Run one batch to its end; per decode step with the full batch: its wall time, the CPU
+    time it took (the engine thread's, which runs the forward with --num-threads 1, plus the
+    mask thread's) and the grammar's parts (ms)."""
     core = llm.core
     executor = core.executor
     full_decode = []
@@ -135,31 +141,27 @@ def run_batch(llm, probe: StepProbe, mode: str, batch: int, max_new: int) -> dic
     executor.execute = execute_and_classify
     for request in requests_for(llm, mode, batch, max_new):
         core.add_request(request)
-    steps, parts = [], defaultdict(float)
+    record: dict[str, list] = defaultdict(list)
     finished = 0
     try:
         while core.has_unfinished():
             probe.take()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             outputs = core.step()
-            elapsed = time.perf_counter() - start
-            grammar_s = probe.take()
+            elapsed, cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+            parts = probe.take()
             finished += sum(o.finished for o in outputs)
             if any(o.error for o in outputs):
                 raise RuntimeError(next(o.error for o in outputs if o.error))
             if full_decode and full_decode[-1] and finished == 0:
-                steps.append(elapsed)
-                for name, value in grammar_s.items():
-                    parts[name] += value
+                record["step_ms"].append(elapsed * 1e3)
+                record["cpu_ms"].append((cpu + parts.get("fill_cpu", 0.0)) * 1e3)
+                for name in ("fill", "fill_cpu", "wait", "apply", "accept"):
+                    record[f"{name}_ms"].append(parts.get(name, 0.0) * 1e3)
             full_decode.clear()
     finally:
         executor.execute = execute
-    n = max(len(steps), 1)
-    return {
-        "steps": len(steps),
-        "step_ms": [s * 1e3 for s in steps],
-        **{f"{name}_ms": value * 1e3 / n for name, value in parts.items()},
-    }
+    return record
 
 
 def decode_benchmark(llm, args) -> dict:
@@ -168,35 +170,44 @@ def decode_benchmark(llm, args) -> dict:
     for batch in batch_sizes:  # warm-up: compiles, lexer states, allocator
         for mode in MODES:
             run_batch(llm, probe, mode, batch, 8)
-    results: dict = {b: {m: defaultdict(list) for m in MODES} for b in batch_sizes}
+    steps = {b: {m: defaultdict(list) for m in MODES} for b in batch_sizes}
+    ratios = {b: {m: defaultdict(list) for m in MODES} for b in batch_sizes}
     for r in range(args.rounds):
         for batch in batch_sizes:
             order = MODES[r % 3 :] + MODES[: r % 3]
-            for mode in order:
-                run = run_batch(llm, probe, mode, batch, args.max_new_tokens)
-                slot = results[batch][mode]
-                slot["step_ms"] += run["step_ms"]
-                for part in ("fill", "apply", "accept"):
-                    slot[f"{part}_ms"].append(run.get(f"{part}_ms", 0.0))
-                print(f"round {r} batch {batch:2d} {mode:5s}: {run['steps']} steps, "
-                      f"median {statistics.median(run['step_ms']):.2f} ms", flush=True)  # fmt: skip
-    return summarise(results)
+            runs = {mode: run_batch(llm, probe, mode, batch, args.max_new_tokens) for mode in order}
+            for mode, run in runs.items():
+                for key, values in run.items():
+                    steps[batch][mode][key] += values
+                for key in ("step_ms", "cpu_ms"):  # paired with the free run of this round
+                    base = statistics.median(runs["free"][key])
+                    ratios[batch][mode][key].append(statistics.median(run[key]) / base)
+            print(f"round {r} batch {batch:2d}: " + ", ".join(
+                f"{m} {statistics.median(runs[m]['step_ms']):.1f} ms" for m in MODES
+            ), flush=True)  # fmt: skip
+    return summarise(steps, ratios)
 
 
-def summarise(results: dict) -> dict:
+def summarise(steps: dict, ratios: dict) -> dict:
+    """Medians over all measured steps; the overhead is the median over rounds of each round's
+    constrained / free ratio (pairs runs that saw the same machine load)."""
     table = {}
-    for batch, modes in results.items():
-        free = statistics.median(modes["free"]["step_ms"])
-        for mode, slot in modes.items():
-            median = statistics.median(slot["step_ms"])
+    for batch, modes in steps.items():
+        for mode, record in modes.items():
             table[f"b{batch}_{mode}"] = {
                 "batch": batch,
                 "mode": mode,
-                "steps": len(slot["step_ms"]),
-                "step_ms_median": median,
-                "step_ms_mean": statistics.fmean(slot["step_ms"]),
-                "overhead_pct": 100.0 * (median - free) / free,
-                **{k: statistics.fmean(v) for k, v in slot.items() if k != "step_ms"},
+                "steps": len(record["step_ms"]),
+                "step_ms_median": statistics.median(record["step_ms"]),
+                "cpu_ms_median": statistics.median(record["cpu_ms"]),
+                "overhead_wall_pct": 100.0
+                * (statistics.median(ratios[batch][mode]["step_ms"]) - 1),
+                "overhead_cpu_pct": 100.0 * (statistics.median(ratios[batch][mode]["cpu_ms"]) - 1),
+                **{
+                    k: statistics.fmean(v)
+                    for k, v in record.items()
+                    if k not in ("step_ms", "cpu_ms")
+                },
             }
     return table
 
@@ -239,13 +250,21 @@ def main() -> None:
     finally:
         llm.close()
     load_end = os.getloadavg()
-    header = "| batch | mode | steps | step ms | vs free | fill ms | apply ms | accept ms |"
+    header = "| batch | mode | step ms | CPU ms | vs free: wall, CPU | fill (CPU) | wait | apply"
+    header += " | accept |"
     print(f"\n{header}")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in decode.values():
-        print(f"| {row['batch']} | {row['mode']} | {row['steps']} | {row['step_ms_median']:.2f} | "
-              f"{row['overhead_pct']:+.1f} % | {row.get('fill_ms', 0):.3f} | "
-              f"{row.get('apply_ms', 0):.3f} | {row.get('accept_ms', 0):.3f} |")  # fmt: skip
+        cells = [
+            row["batch"],
+            row["mode"],
+            f"{row['step_ms_median']:.1f}",
+            f"{row['cpu_ms_median']:.1f}",
+            f"{row['overhead_wall_pct']:+.1f} %, {row['overhead_cpu_pct']:+.1f} %",
+            f"{row['fill_ms']:.2f} ({row['fill_cpu_ms']:.2f})",
+            *(f"{row[k]:.2f}" for k in ("wait_ms", "apply_ms", "accept_ms")),
+        ]
+        print("| " + " | ".join(map(str, cells)) + " |")
     print(f"\ncompile ({compiles['compiles']} compiles of {compiles['cases']} grammars): "
           f"p50 {compiles['p50_ms']:.2f} ms, p99 {compiles['p99_ms']:.2f} ms, "
           f"max {compiles['max_ms']:.2f} ms")  # fmt: skip

@@ -3,8 +3,10 @@
 - A request with `SamplingParams.grammar` is parked while its grammar compiles on the compiler's
   thread pool (`submit`, `poll`): the step loop never waits for a compile, and a request that
   cannot run yet never sits at the head of the queue.
-- Each step, `fill_masks` writes the token mask of every sampled row of a grammar request (one per
-  draft position too) into `ScheduledRequest.grammar_bitmask`, which only rank 0's sampler reads.
+- Each step, `fill_masks` gives every sampled row of a grammar request (one per draft position
+  too) its token mask in `ScheduledRequest.grammar_bitmask`, which only rank 0's sampler reads.
+  The masks are filled on a thread while the forward runs (llguidance computes them without the
+  GIL); rank 0 calls `SchedulerOutput.grammar_masks_ready` before it samples.
 - The scheduler advances each request's matcher by the tokens it appends (`Scheduler._append`).
 
 Built once per engine, after the model is loaded (the masks cover the model's logits width): the
@@ -15,7 +17,7 @@ then, so importing pytgi.engine loads neither llguidance nor torch.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,8 @@ class GrammarManager:
         self.vocab = vocab
         self.compiler = GrammarCompiler(vocab, config)
         self.filler = BitmaskFiller(vocab.vocab_size, vocab.eos_token_ids, config.mask_threads)
+        self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="pytgi-masks")
+        self._filling: Future | None = None  # the last step's masks, until they are waited for
 
     @classmethod
     def from_config(cls, config: EngineConfig, vocab_size: int) -> GrammarManager | None:
@@ -82,11 +86,13 @@ class GrammarManager:
             wait_futures(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def fill_masks(self, output: SchedulerOutput, requests: dict[str, Request]) -> None:
-        """Give every sampled request with a grammar its rows of the step's token masks.
+        """Give every sampled request with a grammar its rows of the step's token masks, filled
+        on the mask thread while the step runs (`wait_for_masks` joins it).
 
         The rows of all such requests are filled in one batched call (llguidance's thread pool,
         without the GIL). A matcher that fails while computing its mask (a lexer limit reached)
         gets an EOS-only row; the scheduler then finishes its request with the matcher's error.
+        No matcher may be touched elsewhere until the fill is joined.
         """
         targets, rows, num_rows = [], [], 0
         for scheduled in output.requests:
@@ -99,11 +105,20 @@ class GrammarManager:
         if not rows:
             return
         bitmask = self.filler.allocate(num_rows)  # int32 [rows, ceil(V / 32)]
-        self.filler.fill_with_drafts(rows, bitmask)
         for scheduled, first in targets:
             scheduled.grammar_bitmask = bitmask[first : first + 1 + len(scheduled.draft_ids)]
+        self._filling = self._fill_thread.submit(self.filler.fill_with_drafts, rows, bitmask)
+        output.grammar_masks_ready = self.wait_for_masks
+
+    def wait_for_masks(self) -> None:
+        """Block until the last step's masks are filled (re-raises what the fill raised)."""
+        filling, self._filling = self._filling, None
+        if filling is not None:
+            filling.result()
 
     def close(self) -> None:
+        self.wait_for_masks()
+        self._fill_thread.shutdown(wait=True)
         self.compiler.close()
 
 

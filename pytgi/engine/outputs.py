@@ -13,6 +13,7 @@ numpy arrays: picklable, no torch.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,9 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # requests whose worker state is dropped before this step (finished, aborted, preempted)
     freed_request_ids: list[str] = field(default_factory=list)
+    # set when requests have `grammar_bitmask`: the engine fills them while the step runs, and
+    # rank 0 calls this before its sampler reads them (in the engine process; never pickled)
+    grammar_masks_ready: Callable[[], None] | None = None
 
     @property
     def num_tokens(self) -> int:

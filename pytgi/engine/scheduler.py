@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import suppress
 
 from pytgi.config import SchedulerConfig
 from pytgi.engine.grammar_manager import GrammarManager
@@ -231,6 +232,8 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
         """Apply a step's results: advance, append sampled tokens, stop, free, emit deltas."""
+        if self.grammar is not None:
+            self.grammar.wait_for_masks()  # joined by the sampler already; matchers advance next
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)
@@ -300,6 +303,9 @@ class Scheduler:
 
     def fail(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         """The step raised: finish every request it ran with `error` (TGI drops the whole batch)."""
+        if self.grammar is not None:
+            with suppress(Exception):  # a failed fill failed this step: `error` says so
+                self.grammar.wait_for_masks()
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)
