@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+MODEL_IMPLEMENTATIONS = ("auto", "transformers")
+DEVICES = ("auto", "cpu", "cuda")
+# TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
+DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model_id: str
     revision: str | None = None
-    dtype: str | None = None  # None = per-device default (fp32 on CPU)
+    dtype: str | None = None  # None = the platform's default for the model (fp32 on CPU)
     quantize: str | None = None
     trust_remote_code: bool = False
     # .bin checkpoints only with this opt-in (converted, weights_only)
@@ -33,10 +37,18 @@ class ModelConfig:
     seed: int = 0  # random-weight init, warm-up inputs
     # the longest sequence served (--max-total-tokens); None: the model's max_position_embeddings
     max_model_len: int | None = None
+    # "auto": the native implementation when pytgi has one, else the transformers fallback;
+    # "transformers": the fallback even for a natively implemented architecture
+    implementation: str = "auto"
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        if self.implementation not in MODEL_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"--model-implementation must be one of {', '.join(MODEL_IMPLEMENTATIONS)}, "
+                f"got '{self.implementation}'"
+            )
 
 
 @dataclass(frozen=True)
@@ -86,11 +98,24 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """What the platform may use, decided before the model is built (the CLI fills it from
-    PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE): compiled kernels for the layers, and the decode-step
-    accelerator (the fused CPU decode stack; CUDA-graph replay on GPU)."""
+    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE and the --cuda-* flags): the device,
+    compiled kernels for the layers, and the decode-step accelerator (the fused CPU decode stack;
+    CUDA-graph replay on GPU, over the `cuda_graphs` batch sizes; empty = eager)."""
 
     kernels: bool = True
     decode_accelerator: bool = True
+    device: str = "auto"  # auto: CUDA when torch sees a GPU, else CPU
+    cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
+    cuda_memory_fraction: float = 1.0  # of the GPU's total memory pytgi may use
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            choices = ", ".join(DEVICES)
+            raise ConfigError(f"PYTGI_DEVICE must be one of {choices}, got '{self.device}'")
+        if any(size <= 0 for size in self.cuda_graphs):
+            raise ConfigError(f"`cuda_graphs` must be positive batch sizes, got {self.cuda_graphs}")
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            raise ConfigError("`cuda_memory_fraction` must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,6 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
-    cuda_graphs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,3 +207,12 @@ class ServerConfig:
     model_id: str = ""
     model_sha: str | None = None
     prometheus_port: int | None = None
+    request_header_timeout_s: float = 10.0  # slow clients: headers, then body, must arrive
+    request_body_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+    def __post_init__(self):
+        if self.request_header_timeout_s <= 0 or self.request_body_timeout_s <= 0:
+            raise ConfigError("request header and body timeouts must be > 0")
+        if self.max_connections < 1:
+            raise ConfigError("`max_connections` must be >= 1")

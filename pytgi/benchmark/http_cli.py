@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytgi.benchmark.http.apis import API_NAMES
+from pytgi.benchmark.http.client import ServerLimits, discover_server_limits
 from pytgi.benchmark.http.compare import compare_markdown
 from pytgi.benchmark.http.errors import BenchConfigError
 from pytgi.benchmark.http.options import SLO_PERCENTILES, BenchOptions
@@ -138,20 +139,30 @@ def add_http_bench_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_http_bench(args: argparse.Namespace) -> int:
-    """`pytgi bench --url ...`; returns the exit code."""
+    """`pytgi bench --url ...`; returns the exit code. A TGI-style server's `/info` limits bound
+    every request's prompt and `max_new_tokens` (so none is refused for its length)."""
     if not args.url:
         return _fail("--url is required (or --model-id for the engine benchmark)")
-    return run_load_bench(args, open_http_target)
+    limits = asyncio.run(discover_server_limits(args.url, getattr(args, "api_key", None)))
+    if limits is not None:
+        print(
+            f"pytgi bench: the server's /info limits (max_input_tokens={limits.max_input_tokens},"
+            f" max_total_tokens={limits.max_total_tokens}) bound every request",
+            file=sys.stderr,
+        )
+    return run_load_bench(args, open_http_target, limits)
 
 
-def run_load_bench(args: argparse.Namespace, open_target: TargetOpener) -> int:
+def run_load_bench(
+    args: argparse.Namespace, open_target: TargetOpener, limits: ServerLimits | None = None
+) -> int:
     """Run the sweep against the target `open_target` opens; prints a summary, writes reports."""
     if args.output_dir is None:
         args.output_dir = str(Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     try:
         options = BenchOptions.from_args(args)
         tokenizer = load_tokenizer(options.tokenizer_name, options.tokenizer_revision)
-        workload = Workload(options.workload, tokenizer)
+        workload = Workload(options.workload, tokenizer, limits)
     except BenchConfigError as exc:
         return _fail(str(exc))
     run = asyncio.run(run_bench(options, workload, open_target))

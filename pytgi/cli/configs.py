@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 from pytgi import envs
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
+    DeviceConfig,
     EngineConfig,
     GrammarConfig,
     LimitsConfig,
@@ -42,6 +45,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         hub_offline=envs.hub_offline(),
         tokenizer_config_path=args.tokenizer_config_path,
         max_model_len=getattr(args, "max_total_tokens", None),
+        implementation=args.model_implementation,
     )
 
 
@@ -64,8 +68,6 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
     if args.quantize:
         raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
-    if args.cuda_graphs:
-        logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -76,7 +78,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             enable_prefix_caching=not args.disable_prefix_caching,
         ),
         scheduler=SchedulerConfig(
-            max_batch_prefill_tokens=args.max_batch_prefill_tokens or 4096,
+            max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),
             max_batch_total_tokens=args.max_batch_total_tokens,
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
@@ -86,9 +88,8 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         parallel=ParallelConfig(
             num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
         ),
-        device=envs.device_config(),
+        device=device_config(args),
         num_threads=args.num_threads,
-        cuda_graphs=tuple(args.cuda_graphs or ()),
     )
 
 
@@ -105,6 +106,50 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
         mask_threads=args.grammar_mask_threads,
         cache_size=args.grammar_cache_size,
     )
+
+
+# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
+# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
+# first token; a smaller one lets the prompts start in turn between decode steps (measured in
+# docs/PERFORMANCE.md, "CPU serving defaults").
+TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # present wherever the NVIDIA driver exposes a GPU
+CPU_MAX_BATCH_PREFILL_TOKENS = 1024
+
+
+def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
+    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
+    prompt must fit in one step, so TGI's (larger) budget stays."""
+    if device == "cpu" and chunked_prefill:
+        return CPU_MAX_BATCH_PREFILL_TOKENS
+    return TGI_MAX_BATCH_PREFILL_TOKENS
+
+
+def default_prefill_tokens(args: argparse.Namespace) -> int:
+    chunked = not args.disable_prefill_chunking
+    platform = expected_platform(device_config(args))
+    return default_max_batch_prefill_tokens(platform, chunked_prefill=chunked)
+
+
+def expected_platform(config: DeviceConfig) -> str:
+    """The platform the engine will choose (backends/selector.py), guessed here without importing
+    torch (the API process stays torch-free): on `auto`, CUDA when an NVIDIA device is visible."""
+    if config.device != "auto":
+        return config.device
+    visible = envs.cuda_visible_devices()
+    hidden = visible is not None and visible.strip() in ("", "-1")
+    return "cuda" if Path(NVIDIA_CONTROL_DEVICE).exists() and not hidden else "cpu"
+
+
+def device_config(args: argparse.Namespace) -> DeviceConfig:
+    """The environment's device config with the --cuda-* flags applied (TGI: `--cuda-graphs`
+    unset = 1,2,4,8,16,32; `0` = no graphs)."""
+    config = envs.device_config()
+    if args.cuda_graphs is not None:
+        config = replace(config, cuda_graphs=envs.parse_cuda_graphs(args.cuda_graphs))
+    if args.cuda_memory_fraction is not None:
+        config = replace(config, cuda_memory_fraction=args.cuda_memory_fraction)
+    return config
 
 
 def check_limits(args: argparse.Namespace) -> None:
@@ -169,7 +214,7 @@ def server_config(
     args: argparse.Namespace, limits: LimitsConfig, model_id: str, model_sha: str | None
 ) -> ServerConfig:
     return ServerConfig(
-        hostname=_hostname(args.hostname),
+        hostname=hostname(args.hostname),
         port=args.port,
         api_key=args.api_key,
         cors_allow_origin=tuple(args.cors_allow_origin or ()),
@@ -181,10 +226,13 @@ def server_config(
         model_id=model_id,
         model_sha=model_sha,
         prometheus_port=args.prometheus_port,
+        request_header_timeout_s=args.request_header_timeout,
+        request_body_timeout_s=args.request_body_timeout,
+        max_connections=args.max_connections,
     )
 
 
-def _hostname(value: str) -> str:
+def hostname(value: str) -> str:
     """TGI: an unparsable HOSTNAME (Docker sets it to the container id) falls back to 0.0.0.0."""
     import ipaddress
 

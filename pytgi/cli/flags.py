@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import GrammarConfig
+from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
 
 
 @dataclass(frozen=True)
@@ -43,20 +43,33 @@ def _bool(value: str) -> bool:
 
 
 def _size_list(value: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in value.split(",") if v.strip())
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got '{value}'"
+        ) from None
 
 
 QUANTIZE = (
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
+SERVED_QUANTIZE: tuple[str, ...] = ()  # the QUANTIZE values this build runs; others are refused
+
+
+def _quantize_help() -> str:
+    served = ", ".join(SERVED_QUANTIZE) or "none yet"
+    return f"Weight quantization (TGI's values; this build serves: {served}; others are refused)"
+
 
 MODEL_FLAGS = [
     Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
         "--dtype",
-        "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
+        "Compute dtype; default float32 on CPU (bf16/fp16 matmul is ~40x slower there), "
+        "float16 on CUDA (bfloat16 for the families TGI runs in bf16)",
         choices=("float32", "float16", "bfloat16"),
     ),  # fmt: skip
     Flag(
@@ -67,12 +80,24 @@ MODEL_FLAGS = [
         "Accept pickle .bin checkpoints (loaded with weights_only=True, converted to safetensors)",
         switch=True,
     ),  # fmt: skip
+    Flag(
+        "--model-implementation",
+        "auto: pytgi's native model code when it has the architecture, else transformers' code "
+        "on pytgi's paged KV cache; transformers: the latter for every architecture",
+        default="auto",
+        choices=MODEL_IMPLEMENTATIONS,
+    ),  # fmt: skip
     Flag("--huggingface-hub-cache", "Hub cache directory"),
     Flag("--tokenizer-config-path", "Alternate tokenizer_config.json (chat template source)"),
 ]
 
 ENGINE_FLAGS = [
-    Flag("--max-batch-prefill-tokens", "Token budget of one step (prompt chunks + decodes)", int),
+    Flag(
+        "--max-batch-prefill-tokens",
+        "Token budget of one step (prompt chunks + decodes) [default: 1024 on CPU with chunked "
+        "prefill (measured, docs/PERFORMANCE.md), else TGI's 4096]",
+        int,
+    ),  # fmt: skip
     Flag(
         "--max-batch-total-tokens", "KV cache capacity in tokens (default: from free memory)", int
     ),
@@ -88,10 +113,15 @@ ENGINE_FLAGS = [
     Flag("--sharded", "Shard the model (true/false)", _bool),
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
-    Flag("--quantize", "Weight quantization", choices=QUANTIZE),
+    Flag("--quantize", _quantize_help(), choices=QUANTIZE),
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
-    Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
-    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
+    Flag(
+        "--cuda-graphs",
+        "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "
+        "CUDA only)",
+        _size_list,
+    ),  # fmt: skip
+    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (default 1.0; CUDA only)", float),
     Flag(
         "--speculate",
         "Draft tokens verified per decode step, proposed by n-gram lookup in the request's own "
@@ -132,7 +162,21 @@ SERVER_FLAGS = [
     Flag("--api-key", "Bearer key required on the generation routes"),
     Flag("--cors-allow-origin", "Allowed CORS origin (repeatable)", repeat=True),
     Flag("--json-output", "JSON log lines", switch=True),
+    Flag("--env", "Log the runtime environment and versions at start-up", switch=True),
     Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
+    Flag(
+        "--request-header-timeout",
+        "Seconds a client has to send a request's headers before its connection is closed",
+        float,
+        10.0,
+    ),  # fmt: skip
+    Flag(
+        "--request-body-timeout",
+        "Seconds a client has to send a request's body (after its headers)",
+        float,
+        60.0,
+    ),  # fmt: skip
+    Flag("--max-connections", "Open HTTP connections before new requests get 503", int, 1024),
     Flag(
         "--enable-prefill-logprobs",
         "Return prompt logprobs with decoder_input_details",
@@ -210,11 +254,22 @@ GRAMMAR_FLAGS = [
 SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS
 
 
+def _help(flag: Flag) -> str:
+    default = "" if flag.default is None or flag.switch else f" [default: {flag.default}]"
+    return f"{flag.help}{default} [env: {flag.env}]"
+
+
+def add_version_flag(parser: argparse.ArgumentParser) -> None:
+    from pytgi.version import __version__
+
+    parser.add_argument("-V", "--version", action="version", version=f"pytgi {__version__}")
+
+
 def add_flags(parser: argparse.ArgumentParser, flags: list[Flag]) -> None:
     for flag in flags:
         names = [flag.short, flag.name] if flag.short else [flag.name]
         env_value = envs.get(flag.env)
-        help_text = f"{flag.help} [env: {flag.env}]"
+        help_text = _help(flag)
         if flag.switch:
             default = _bool(env_value) if env_value is not None else False
             parser.add_argument(*names, action="store_true", default=default, help=help_text)

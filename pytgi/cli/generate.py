@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from pytgi.cli.flags import MODEL_FLAGS, Flag, add_flags
 
@@ -56,15 +57,26 @@ def run_generate(args: argparse.Namespace) -> int:
 
     envs.set_default_threading_env()
     from pytgi.cli.configs import model_config
+    from pytgi.cli.preflight import check_model_config, check_model_dir
     from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
+    from pytgi.utils.hub import resolve_model_dir
 
     try:
         params = sampling_params(args)
         model = model_config(args)
+        checks = {
+            "implementation": model.implementation,
+            "trust_remote_code": model.trust_remote_code,
+        }
+        model_dir = resolve_model_dir(model, check_config=partial(check_model_config, **checks))
+        plan = check_model_dir(model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks)
+        print(f"[model: {plan.description}]", file=sys.stderr)
         llm = LLM(model.model_id, dtype=model.dtype, revision=model.revision,
-                  num_threads=args.num_threads)  # fmt: skip
+                  num_threads=args.num_threads, implementation=model.implementation,
+                  trust_remote_code=model.trust_remote_code,
+                  allow_pickle_weights=model.allow_pickle_weights)  # fmt: skip
     except PytgiError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

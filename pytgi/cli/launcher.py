@@ -12,10 +12,11 @@ import contextlib
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli import configs
+from pytgi.cli import configs, preflight
 from pytgi.errors import ConfigError, ModelLoadError
 
 logger = logging.getLogger("pytgi.launcher")
@@ -26,16 +27,26 @@ def serve(args: argparse.Namespace) -> int:
 
     setup_logging(json_output=args.json_output)
     envs.set_default_threading_env()
+    if args.env:
+        from pytgi.cli.runtime_env import describe_environment
+
+        logger.info("Runtime environment:\n%s", describe_environment())
     try:
-        engine, infer, server_cfg = start_engine_and_router(args)
-    except (ConfigError, ModelLoadError) as exc:
+        sock = preflight.bind_port(configs.hostname(args.hostname), args.port)
+    except ConfigError as exc:
         logger.error("%s", exc.message)
         return 1
-    from pytgi.server.app import create_app
+    with sock:
+        try:
+            engine, infer, server_cfg, plan = start_engine_and_router(args)
+        except (ConfigError, ModelLoadError) as exc:
+            logger.error("%s", exc.message)
+            return 1
+        from pytgi.server.app import create_app
 
-    model_info = _model_info(server_cfg, args)
-    app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
-    return asyncio.run(run_http(app, server_cfg, engine))
+        model_info = _model_info(server_cfg, args, plan, engine.cache_info.device)
+        app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
+        return asyncio.run(run_http(app, server_cfg, engine, sock))
 
 
 def start_engine_and_router(args: argparse.Namespace):
@@ -47,10 +58,21 @@ def start_engine_and_router(args: argparse.Namespace):
     model = configs.model_config(args)
     engine_cfg = configs.engine_config(args, model)
     start = time.perf_counter()
-    model_dir = resolve_model_dir(model)
+    checks = dict(
+        implementation=model.implementation,
+        trust_remote_code=model.trust_remote_code,
+        num_shard=engine_cfg.parallel.num_shard,
+    )
+    # config.json is checked before any weight is downloaded, the weight files once they are in
+    check_config = partial(preflight.check_model_config, **checks)
+    model_dir = resolve_model_dir(model, check_config=check_config)
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
+    plan = preflight.check_model_dir(
+        model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks
+    )
+    logger.info("Serving %s", plan.description)
     engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
@@ -76,26 +98,31 @@ def start_engine_and_router(args: argparse.Namespace):
         engine_supports_grammar=cache.supports_grammar,
         grammar_config=engine_cfg.grammar,
     )
-    return engine, infer, server_cfg
+    return engine, infer, server_cfg, plan
 
 
-async def run_http(app, server_cfg, engine) -> int:
+async def run_http(app, server_cfg, engine, sock) -> int:
     """Serve until SIGTERM/SIGINT (drain, exit 0) or until the engine dies (exit 1)."""
     import uvicorn
+
+    from pytgi.server.http_protocol import with_deadlines
 
     config = uvicorn.Config(
         app,
         host=server_cfg.hostname,
         port=server_cfg.port,
         log_config=None,
-        timeout_graceful_shutdown=int(server_cfg.graceful_termination_timeout_s),
+        timeout_graceful_shutdown=_FLUSH_S,  # the drain itself happens before (see _supervise)
         timeout_keep_alive=5,
+        http=with_deadlines(server_cfg.request_header_timeout_s, server_cfg.request_body_timeout_s),
+        limit_concurrency=server_cfg.max_connections,
     )
     server = _DrainingServer(config, app)
-    supervisor = asyncio.create_task(_supervise(server, app, engine))
+    drain_s = server_cfg.graceful_termination_timeout_s
+    supervisor = asyncio.create_task(_supervise(server, app, engine, drain_s))
     metrics_task = _start_prometheus_port(server_cfg, engine)
     logger.info("Connected: listening on %s:%d", server_cfg.hostname, server_cfg.port)
-    await server.serve()
+    await server.serve(sockets=[sock])
     supervisor.cancel()
     if metrics_task is not None:
         metrics_task.cancel()
@@ -108,8 +135,13 @@ async def run_http(app, server_cfg, engine) -> int:
     return 0
 
 
+_FLUSH_S = 2  # after the drain: time for uvicorn to finish responses before it cancels them
+
+
 class _DrainingServer:
-    """uvicorn.Server that flips /health to draining (503) as soon as a signal arrives."""
+    """uvicorn.Server that, on the first SIGTERM/SIGINT, only flips the health to draining: it
+    keeps listening, so new connections get 503 (and `/health` says "draining") while in-flight
+    requests finish; `_supervise` then stops it. A second signal stops it at once."""
 
     def __new__(cls, config, app):
         import uvicorn
@@ -118,24 +150,32 @@ class _DrainingServer:
             drained_by_signal = False
 
             def handle_exit(self, sig, frame):
+                if self.drained_by_signal:
+                    self.should_exit = self.force_exit = True
+                    return
                 self.drained_by_signal = True
                 app.state.health.set("draining")
                 logger.info("Signal %s received: draining in-flight requests", sig)
-                super().handle_exit(sig, frame)
-                # uvicorn re-raises captured signals after serving; a drained exit is a clean exit
-                self._captured_signals.clear()
 
         return Server(config)
 
 
-async def _supervise(server, app, engine) -> None:
-    while True:
-        await asyncio.sleep(0.5)
+async def _supervise(server, app, engine, drain_s: float) -> None:
+    """Ends the server when the engine dies, or once a signal's drain is over."""
+    health = app.state.health
+    while not server.drained_by_signal:
+        await asyncio.sleep(0.2)
         if not engine.is_alive:
-            app.state.health.set("dead")
+            health.set("dead")
             logger.warning("The engine is gone: /health answers 503; shutting down")
             server.should_exit = True
             return
+    if not await health.wait_idle(drain_s):
+        logger.warning(
+            "Graceful termination timeout (%.0fs): stopping %d in-flight requests",
+            drain_s, health.num_inflight,
+        )  # fmt: skip
+    server.should_exit = True
 
 
 def _start_prometheus_port(server_cfg, engine) -> asyncio.Task | None:
@@ -162,11 +202,13 @@ def _model_sha(model_dir: Path) -> str | None:
     return None
 
 
-def _model_info(server_cfg, args: argparse.Namespace) -> dict:
+def _model_info(server_cfg, args: argparse.Namespace, plan, device: str) -> dict:
     num_shard = configs.num_shard(args)
     return {
         "model_id": server_cfg.model_id,
         "model_sha": server_cfg.model_sha,
         "validation_workers": args.validation_workers,
-        "compute_type": envs.compute_type() or f"{num_shard}-cpu",
+        "compute_type": envs.compute_type() or f"{num_shard}-{device}",
+        "model_architecture": plan.architecture,
+        "model_implementation": plan.implementation,
     }

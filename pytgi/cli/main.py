@@ -8,16 +8,16 @@ import argparse
 import sys
 
 from pytgi import envs
-from pytgi.cli.flags import SERVE_FLAGS, add_flags
-from pytgi.version import __version__
+from pytgi.cli.flags import SERVE_FLAGS, add_flags, add_version_flag
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pytgi", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"pytgi {__version__}")
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="Run the TGI-compatible HTTP server")
+    add_version_flag(serve)
     add_flags(serve, SERVE_FLAGS)
 
     from pytgi.cli.generate import add_generate_args
@@ -67,6 +67,7 @@ def launcher_main(argv: list[str] | None = None) -> int:
     """`text-generation-launcher [flags]`: TGI's launcher name for `pytgi serve`."""
     envs.set_default_threading_env()
     parser = argparse.ArgumentParser(prog="text-generation-launcher")
+    add_version_flag(parser)
     add_flags(parser, SERVE_FLAGS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from pytgi.cli.launcher import serve

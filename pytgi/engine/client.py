@@ -7,9 +7,10 @@ process: the default for `serve`, so the HTTP event loop never waits for a forwa
 
 from __future__ import annotations
 
+import queue
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from pytgi.config import CacheInfo
 from pytgi.engine.outputs import RequestOutput
@@ -65,3 +66,29 @@ class EngineClient(Protocol):
     def is_alive(self) -> bool: ...
 
     async def shutdown(self) -> None: ...
+
+
+def apply_commands(core: Any, commands: Any, block: bool) -> int:
+    """Apply the queued `(kind, payload)` commands ("add", "abort", "stop") to an `EngineCore`,
+    waiting up to 0.5 s for the first one when `block`; returns how many, or -1 on "stop".
+
+    `commands` is a `queue.Queue` or a `multiprocessing` queue (both raise `queue.Empty`).
+    """
+    try:
+        command = commands.get(timeout=0.5) if block else commands.get_nowait()
+    except queue.Empty:
+        return 0
+    num_applied = 0
+    while True:
+        kind, payload = command
+        if kind == "stop":
+            return -1
+        if kind == "add":
+            core.add_request(payload)
+        elif kind == "abort":
+            core.abort(payload)
+        num_applied += 1
+        try:
+            command = commands.get_nowait()
+        except queue.Empty:
+            return num_applied

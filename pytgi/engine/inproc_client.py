@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 
-from pytgi.engine.client import EngineStats
+from pytgi.engine.client import EngineStats, apply_commands
 from pytgi.engine.engine_core import EngineCore
 from pytgi.engine.outputs import RequestOutput
 from pytgi.engine.request import EngineRequest
@@ -60,7 +60,8 @@ class InprocEngineClient:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._apply_commands(block=not self.core.has_unfinished())
+                if apply_commands(self.core, self._commands, not self.core.has_unfinished()) < 0:
+                    return
                 outputs = self.core.step()
                 self._stats = self.core.stats()
                 if outputs:
@@ -69,19 +70,3 @@ class InprocEngineClient:
             logger.exception("engine loop died")
             self._error = exc
             self._router.fail_all(f"{type(exc).__name__}: {exc}")
-
-    def _apply_commands(self, block: bool) -> None:
-        try:
-            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            kind, payload = command
-            if kind == "add":
-                self.core.add_request(payload)
-            elif kind == "abort":
-                self.core.abort(payload)
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return

@@ -129,6 +129,9 @@ def engine_config(
     num_threads: int | None = None,
     speculate: int = 0,
     grammar: GrammarConfig | bool = True,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle_weights: bool = False,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
@@ -139,7 +142,14 @@ def engine_config(
 
         model_id = demo_model_path()
     return EngineConfig(
-        model=ModelConfig(model_id=model_id, revision=revision, dtype=dtype),
+        model=ModelConfig(
+            model_id=model_id,
+            revision=revision,
+            dtype=dtype,
+            implementation=implementation,
+            trust_remote_code=trust_remote_code,
+            allow_pickle_weights=allow_pickle_weights,
+        ),
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,

@@ -17,23 +17,23 @@ import threading
 from collections.abc import AsyncIterator
 
 from pytgi.config import CacheInfo, EngineConfig
-from pytgi.engine.client import EngineStats
+from pytgi.engine.client import EngineStats, apply_commands
 from pytgi.engine.outputs import RequestOutput
 from pytgi.engine.request import EngineRequest
 from pytgi.engine.stream import OutputRouter
-from pytgi.errors import EngineDeadError, ModelLoadError
+from pytgi.errors import EngineDeadError, ModelLoadError, PytgiError
 
 logger = logging.getLogger(__name__)
 
 
 class MultiprocEngineClient:
-    def __init__(self, process, commands, results, cache_info: CacheInfo):
+    def __init__(self, process, commands, results, cache_info: CacheInfo, stats: EngineStats):
         self._process = process
         self._commands = commands
         self._results = results
         self.cache_info = cache_info
         self._router = OutputRouter(self._send_abort)
-        self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
+        self._stats = stats  # the engine's own snapshot at ready: every KV block free
         self._dead = False
         self._death: str | None = None  # why the engine ended, as it reported it
         self._reader = threading.Thread(target=self._read, name="pytgi-engine-reader", daemon=True)
@@ -49,11 +49,11 @@ class MultiprocEngineClient:
         args = (config, commands, results, os.getpid(), json_logs)
         process = ctx.Process(target=run_engine, args=args, name="pytgi-engine")
         process.start()
-        kind, payload = _wait_ready(process, results, timeout_s)
+        kind, payload, stats = _wait_ready(process, results, timeout_s)
         if kind != "ready":  # "error", or "dead": a rank failed while rank 0 may still be loading
             _end_process(process, grace_s=5.0)
             raise ModelLoadError(payload)
-        return cls(process, commands, results, payload)
+        return cls(process, commands, results, payload, stats)
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         if self._dead:
@@ -98,7 +98,8 @@ class MultiprocEngineClient:
         self._dead = True
 
     def _read(self) -> None:
-        while True:
+        stopped = False
+        while not stopped:
             try:
                 kind, outputs, stats = self._results.get(timeout=0.5)
             except queue.Empty:
@@ -113,10 +114,12 @@ class MultiprocEngineClient:
             elif kind == "dead":  # the payload is the reason; the launcher ends with it
                 self._death = outputs
                 break
-            elif kind == "stopped":
-                break
+            stopped = kind == "stopped"
         self._dead = True
-        if self._death is None:
+        if stopped and self._death is None:  # a clean shutdown that `close` asked for
+            logger.info("engine process stopped")
+            self._death = "engine stopped"
+        elif self._death is None:
             code = self._process.exitcode
             logger.error("engine process exited (code %s)", code)
             self._death = f"engine process exited (code {code})"
@@ -130,18 +133,18 @@ def _end_process(process, grace_s: float) -> None:
         process.join(5)
 
 
-def _wait_ready(process, results, timeout_s: float) -> tuple[str, object]:
+def _wait_ready(process, results, timeout_s: float) -> tuple[str, object, EngineStats | None]:
     waited = 0.0
     while waited < timeout_s:
         try:
-            kind, payload, _ = results.get(timeout=1.0)
-            return kind, payload
+            return results.get(timeout=1.0)
         except queue.Empty:
             waited += 1.0
             if not process.is_alive():
-                return "error", f"engine process exited during start-up (code {process.exitcode})"
+                code = process.exitcode
+                return "error", f"engine process exited during start-up (code {code})", None
     process.kill()
-    return "error", f"engine did not become ready within {timeout_s:.0f}s"
+    return "error", f"engine did not become ready within {timeout_s:.0f}s", None
 
 
 def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_logs: bool) -> None:
@@ -150,7 +153,7 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
     from pytgi.utils.logging import setup_logging
     from pytgi.utils.process import ignore_terminal_interrupts
 
-    setup_logging(json_output=json_logs)
+    setup_logging(json_output=json_logs, rank=0 if config.parallel.num_shard > 1 else None)
     ignore_terminal_interrupts()  # the launcher drains on Ctrl-C, then sends "stop"
 
     def report_rank_death(reason: str) -> None:  # from the rank monitor thread
@@ -158,11 +161,14 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
 
     try:
         core = EngineCore.from_config(config, on_rank_death=report_rank_death)
-    except Exception as exc:  # reported to the launcher, which exits with the message
+    except PytgiError as exc:  # a named cause: the launcher logs it, once, as its last line
+        results.put(("error", exc.message, None))
+        return
+    except Exception as exc:  # unexpected: keep the traceback for the bug report
         logger.exception("engine start-up failed")
         results.put(("error", f"{type(exc).__name__}: {exc}", None))
         return
-    results.put(("ready", core.cache_info, None))
+    results.put(("ready", core.cache_info, core.stats()))
     try:
         _loop(core, commands, results, parent_pid)
     except EngineDeadError as exc:  # a shard died or the ranks fell out of step
@@ -175,32 +181,10 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
 
 def _loop(core, commands, results, parent_pid: int) -> None:
     while True:
-        num_applied = _apply_commands(core, commands, block=not core.has_unfinished())
+        num_applied = apply_commands(core, commands, block=not core.has_unfinished())
         if num_applied < 0 or os.getppid() != parent_pid:
             return  # told to stop, or orphaned: the launcher is gone
         outputs = core.step()
         if outputs or num_applied or core.has_unfinished():
             # stats go with every change (an abort frees blocks even when no step runs)
             results.put(("outputs", outputs, core.stats()))
-
-
-def _apply_commands(core, commands, block: bool) -> int:
-    """Apply queued commands; returns how many, or -1 when told to stop."""
-    try:
-        command = commands.get(timeout=0.5) if block else commands.get_nowait()
-    except queue.Empty:
-        return 0
-    num_applied = 0
-    while True:
-        kind, payload = command
-        if kind == "stop":
-            return -1
-        if kind == "add":
-            core.add_request(payload)
-        elif kind == "abort":
-            core.abort(payload)
-        num_applied += 1
-        try:
-            command = commands.get_nowait()
-        except queue.Empty:
-            return num_applied

@@ -10,9 +10,15 @@ batched matmul over the blocks, which streams the matrix faster than `F.linear` 
 matrix at 1-16 rows, what decode asks of it (docs/PERFORMANCE.md, "Kernel choices").
 The row-major copy is then freed; a tied embedding looks its rows up in the blocks instead, so the
 matrix is held once.
+
+A quantized head (the QuantConfig's `get_lm_head_method`, see layers/quantization/packed.py) packs
+this rank's vocabulary rows in its kernel layout as they load, never in fp32; a tied embedding
+then dequantises the rows it looks up.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +28,7 @@ from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
-from pytgi.layers.quantization.base import set_weight_attrs
+from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
 from pytgi.layers.quantization.unquantized import TILE, pack_column_tiles, packed_matmul
 from pytgi.utils.math import cdiv
 
@@ -45,6 +51,9 @@ class VocabParallelEmbedding(nn.Module):
         )
         set_weight_attrs(self.weight, weight_loader=self.weight_loader)
         self.blocks: torch.Tensor | None = None  # [C, D, width] once packed (CPU head)
+        # tied to a quantized head: local ids [T] -> dequantised rows [T, D] (a function, not the
+        # module, which would make the module tree cyclic)
+        self.row_lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         expected = (self.num_embeddings, self.embedding_dim)
@@ -58,6 +67,8 @@ class VocabParallelEmbedding(nn.Module):
 
     def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:
         """local_ids [T] -> [T, D] from the row-major weight or, once packed, the blocks."""
+        if self.row_lookup is not None:
+            return self.row_lookup(local_ids)
         if self.blocks is None:
             return F.embedding(local_ids, self.weight)
         block = self.blocks.shape[-1]
@@ -75,17 +86,50 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; may share its weight with the embedding."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype=None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        params_dtype=None,
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__(num_embeddings, embedding_dim, params_dtype)
         self.tied_embedding: VocabParallelEmbedding | None = None
         self.kernels = current_build_context().kernels
+        self.head_method = quant_config.get_lm_head_method(self.kernels) if quant_config else None
+        if self.head_method is not None:  # this rank's real rows, packed as they load
+            del self.weight
+            num_rows = self.vocab_end - self.vocab_start
+            dtype = params_dtype or torch.get_default_dtype()
+            self.head_method.create_weights(self, embedding_dim, [num_rows], dtype, self._load_rows)
+
+    def _load_rows(self, param, loaded, shard_id=None) -> None:
+        expected = (self.num_embeddings, self.embedding_dim)
+        if tuple(loaded.shape) != expected:
+            raise ModelLoadError(
+                f"checkpoint shape {tuple(loaded.shape)} does not match the expected {expected}"
+            )
+        num_rows = self.vocab_end - self.vocab_start
+        param.data.narrow(0, 0, num_rows).copy_(loaded.narrow(0, self.vocab_start, num_rows))
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
-        """Share the embedding's matrix (tie_word_embeddings)."""
-        self.weight = embedding.weight
+        """Share the embedding's matrix (tie_word_embeddings). Quantized: the checkpoint's
+        embedding loads into the head, and the embedding looks its rows up there."""
         self.tied_embedding = embedding
+        if self.head_method is not None:
+            embedding.weight = self.weight
+            embedding.row_lookup = self.quantized_rows
+            return
+        self.weight = embedding.weight
+
+    def quantized_rows(self, local_ids: torch.Tensor) -> torch.Tensor:
+        """local_ids [T] -> [T, D], dequantised from the packed head."""
+        return self.head_method.rows(self, local_ids)
 
     def process_weights_after_loading(self) -> None:
+        if self.head_method is not None:
+            self.head_method.process_weights_after_loading(self)
+            return
         weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
@@ -97,6 +141,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def _local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, D] -> this rank's logits [N, num_local]."""
+        if self.head_method is not None:
+            logits = self.head_method.apply(self, hidden)  # [N, real rows of this rank]
+            return F.pad(logits, (0, self.num_local - logits.shape[1]))
         if self.blocks is None:
             return F.linear(hidden, self.weight)
         return packed_matmul(hidden, self.blocks, None, self.kernels)[:, : self.num_local]

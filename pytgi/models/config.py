@@ -16,6 +16,7 @@ role at all, so a flag added later is refused until someone teaches the accelera
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,14 @@ def field_role(spec_type: type, name: str) -> str | None:
     return None
 
 
+def read_model_type(model_dir: Path) -> str | None:
+    """config.json's `model_type` (None when absent or unreadable: the loader reports those)."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_hf_config(model_dir: Path, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
@@ -83,6 +92,12 @@ def load_hf_config(model_dir: Path, trust_remote_code: bool = False):
         return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot read the model config in {model_dir}: {e}") from e
+
+
+def has_remote_causal_lm(hf_config) -> bool:
+    """Whether the config maps AutoModelForCausalLM to code in the checkpoint's repository."""
+    auto_map = getattr(hf_config, "auto_map", None) or {}
+    return "AutoModelForCausalLM" in auto_map
 
 
 def require(hf_config, name: str):

@@ -55,7 +55,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__()
         self.spec = spec
         self.model = LlamaModel(spec, quant_config)
-        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, quant_config=quant_config)
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
         self.logits_scaling = spec.logits_scaling

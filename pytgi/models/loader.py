@@ -24,7 +24,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
-from pytgi.models.config import ModelSpec, load_hf_config
+from pytgi.models.config import ModelSpec, has_remote_causal_lm, load_hf_config
 from pytgi.models.registry import get_model_class, resolve_architecture
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,20 @@ class WeightMapper:
         return required
 
 
+def check_checkpoint_names(model: CausalLM, names: Iterable[str]) -> None:
+    """The checks of `load_weights` on the checkpoint's tensor names alone, before any tensor is
+    read: every name has a parameter (or is ignored) and every parameter gets its tensors."""
+    params = dict(model.named_parameters())
+    mapper = WeightMapper(model)
+    found = set()
+    for name in names:
+        target = mapper.target(name)
+        if target is not None:
+            _check_known(params, target, name)
+            found.add(target.key)
+    _check_complete(mapper, found)
+
+
 def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     params = dict(model.named_parameters())
     mapper = WeightMapper(model)
@@ -104,22 +118,31 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
         target = mapper.target(name)
         if target is None:
             continue
-        param = params.get(target.param_name)
-        if param is None:
-            raise ModelLoadError(f"unexpected tensor '{name}' in the checkpoint")
+        param = _check_known(params, target, name)
         _load_one(param, tensor.t() if target.transpose else tensor, target, name)
         loaded.add(target.key)
-    missing = sorted(ckpt for key, ckpt in mapper.required().items() if key not in loaded)
-    if missing:
-        shown = ", ".join(missing[:8]) + (
-            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        )
-        raise ModelLoadError(f"the checkpoint is missing {len(missing)} tensor(s): {shown}")
+    _check_complete(mapper, loaded)
     for module in model.modules():  # repacking for the kernels, once every tensor is in
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
         elif hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
+
+
+def _check_known(params: dict, target: Target, name: str):
+    param = params.get(target.param_name)
+    if param is None:
+        raise ModelLoadError(f"unexpected tensor '{name}' in the checkpoint")
+    return param
+
+
+def _check_complete(mapper: WeightMapper, found: set[tuple]) -> None:
+    missing = sorted(ckpt for key, ckpt in mapper.required().items() if key not in found)
+    if missing:
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        raise ModelLoadError(f"the checkpoint is missing {len(missing)} tensor(s): {shown}")
 
 
 def _load_one(param, tensor: torch.Tensor, target: Target, name: str) -> None:
@@ -145,13 +168,13 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _quant_config(model_config: ModelConfig, hf_config):
-    method = model_config.quantize or (getattr(hf_config, "quantization_config", None) or {}).get(
-        "quant_method"
-    )
-    if method:
-        raise ModelLoadError(f"quantization '{method}' is not supported by this model loader yet")
-    return None
+def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
+    checkpoint = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
+    if not (model_config.quantize or checkpoint):
+        return None
+    from pytgi.layers.quantization.registry import resolve_quant_config
+
+    return resolve_quant_config(model_config.quantize, checkpoint, dtype)
 
 
 def build_model(
@@ -159,18 +182,25 @@ def build_model(
 ) -> tuple[CausalLM, ModelSpec]:
     """Instantiate the registered class for the checkpoint and load this rank's weights; every
     layer picks its implementation from `context` (the platform's decisions) while it is built."""
-    from pytgi.models.weights import iter_weights
+    from pytgi.models.weights import iter_files, list_weight_files, tensor_names
 
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)
-    architecture, entry = resolve_architecture(getattr(hf_config, "architectures", None))
+    architecture, entry = resolve_architecture(
+        getattr(hf_config, "architectures", None),
+        model_config.implementation,
+        remote_code=model_config.trust_remote_code and has_remote_causal_lm(hf_config),
+    )
     model_class = get_model_class(entry)
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
-    quant_config = _quant_config(model_config, hf_config)
     dtype = context.dtype
+    quant_config = _quant_config(model_config, hf_config, dtype)
     with _default_dtype(dtype), torch.device(device), build_context(context):
         model = model_class(spec, quant_config)
-    load_weights(model, iter_weights(model_dir, allow_pickle=model_config.allow_pickle_weights))
+    files = list_weight_files(model_dir, allow_pickle=model_config.allow_pickle_weights)
+    check_checkpoint_names(model, tensor_names(files))  # a missing tensor: refused before reading
+    load_weights(model, iter_files(files))
     logger.info(
-        "loaded %s (%s, %d layers) from %s", architecture, dtype, spec.num_layers, model_dir
-    )
+        "loaded %s (%s implementation, %s, %d layers) from %s",
+        architecture, entry.implementation, dtype, spec.num_layers, model_dir,
+    )  # fmt: skip
     return model.eval(), spec

@@ -1,14 +1,22 @@
 """HF `architectures` name -> model class, imported lazily, plus the flags of architecture aliases.
 
-A model that differs from Llama only by a flag is an entry here, not a new file.
+A model that differs from Llama only by a flag is an entry here, not a new file. An architecture
+with no entry here but in transformers' causal-LM table (or, with --trust-remote-code, one whose
+config maps AutoModelForCausalLM to the checkpoint's own code) resolves to the transformers
+fallback (models/transformers_fallback.py). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pytgi.config import MODEL_IMPLEMENTATIONS
 from pytgi.errors import ModelLoadError
+from pytgi.models.causal_lm_table import is_transformers_causal_lm
+
+NATIVE = "native"
+TRANSFORMERS = "transformers"
 
 
 @dataclass(frozen=True)
@@ -16,6 +24,12 @@ class ModelEntry:
     module: str  # under pytgi.models
     class_name: str
     flags: dict = field(default_factory=dict)  # ModelSpec overrides
+    implementation: str = NATIVE  # or TRANSFORMERS: transformers' modeling code on pytgi's cache
+
+
+TRANSFORMERS_FALLBACK = ModelEntry(
+    "transformers_fallback", "TransformersCausalLM", implementation=TRANSFORMERS
+)
 
 
 _MODELS: dict[str, ModelEntry] = {
@@ -33,14 +47,30 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def resolve_architecture(architectures: list[str] | None) -> tuple[str, ModelEntry]:
-    """The first of the config's `architectures` that pytgi implements."""
-    for name in architectures or []:
-        if name in _MODELS:
-            return name, _MODELS[name]
+def resolve_architecture(
+    architectures: list[str] | None,
+    implementation: str = "auto",
+    remote_code: bool = False,
+) -> tuple[str, ModelEntry]:
+    """The first of the config's `architectures` that pytgi implements natively, else the first
+    the transformers fallback can build (`implementation="transformers"` skips the native ones;
+    `remote_code`: --trust-remote-code is set and the config maps AutoModelForCausalLM to the
+    checkpoint's own code)."""
+    names = architectures or []
+    assert implementation in MODEL_IMPLEMENTATIONS, implementation  # checked by ModelConfig
+    if implementation == "auto":
+        for name in names:
+            if name in _MODELS:
+                return name, _MODELS[name]
+    for name in names:
+        if is_transformers_causal_lm(name):
+            return name, TRANSFORMERS_FALLBACK
+    if names and remote_code:
+        return names[0], replace(TRANSFORMERS_FALLBACK, flags={"trust_remote_code": True})
     raise ModelLoadError(
-        f"unsupported model architecture {architectures or '(none in config.json)'}; "
-        f"supported: {', '.join(supported_architectures())}"
+        f"unsupported model architecture {names or '(none in config.json)'}: pytgi implements "
+        f"{', '.join(supported_architectures())} natively and runs any other causal LM of "
+        "transformers' table through its transformers fallback"
     )
 
 

@@ -17,13 +17,15 @@ import pickle
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from pytgi.errors import ModelLoadError
 from pytgi.utils.hub import PICKLE_INDEX, SAFETENSORS_INDEX
+
+if TYPE_CHECKING:  # torch is imported where tensors are read: finding files stays torch-free
+    import torch
 
 SINGLE_FILE = "model.safetensors"
 CONVERTED_SUFFIX = ".pytgi-safetensors"
@@ -35,11 +37,30 @@ def iter_weights(model_dir: Path, allow_pickle: bool = False) -> Iterator[tuple[
     The weight files are found (and pickles converted) when called, so a missing shard fails here,
     before the first tensor is read.
     """
-    return _iter_files(list_weight_files(Path(model_dir), allow_pickle))
+    return iter_files(list_weight_files(Path(model_dir), allow_pickle))
+
+
+def tensor_names(files: list[Path]) -> list[str]:
+    """Every tensor name of the safetensors `files`, from their headers (no tensor is read)."""
+    names = []
+    for path in files:
+        with _open(path) as handle:
+            names.extend(handle.keys())
+    return names
 
 
 def list_weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]:
     """The safetensors files to load, converting pickle `.bin` weights first when allowed."""
+    files = find_weight_files(model_dir, allow_pickle)
+    if files:
+        return files
+    return convert_pickle_weights(Path(model_dir))
+
+
+def find_weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]:
+    """The safetensors files of `model_dir` (every file an index names must exist); [] when only
+    pickle weights are there and `allow_pickle` lets them be converted. Reads no tensor, converts
+    nothing and imports no torch, so the launcher can check a checkpoint up front."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"Model directory `{model_dir}` does not exist")
@@ -56,7 +77,7 @@ def list_weight_files(model_dir: Path, allow_pickle: bool = False) -> list[Path]
             "to safetensors, or pass --allow-pickle-weights to convert them with "
             "torch.load(weights_only=True)"
         )
-    return convert_pickle_weights(model_dir)
+    return []
 
 
 def converted_dir(model_dir: Path) -> Path:
@@ -66,6 +87,8 @@ def converted_dir(model_dir: Path) -> Path:
 
 def convert_pickle_weights(model_dir: Path) -> list[Path]:
     """Convert the pickle `.bin` weights of `model_dir` to safetensors; returns the new files."""
+    from safetensors.torch import save_file
+
     pickles = _pickle_files(model_dir)
     if not pickles:
         raise ModelLoadError(f"No pickle weights (pytorch_model*.bin) found in {model_dir}")
@@ -116,7 +139,8 @@ def _indexed_files(directory: Path, index_name: str) -> list[Path]:
     return files
 
 
-def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, cpu tensor)` for every tensor of the safetensors `files`, one at a time."""
     seen: dict[str, Path] = {}
     for path in files:
         for name, tensor in _iter_file(path):
@@ -127,13 +151,16 @@ def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _iter_file(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
-    except (SafetensorError, OSError) as err:
-        raise ModelLoadError(f"Cannot read safetensors file `{path}`: {err}") from err
-    with handle:
+    with _open(path) as handle:
         for name in handle.keys():
             yield name, _get_tensor(handle, name, path)
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except (SafetensorError, OSError) as err:
+        raise ModelLoadError(f"Cannot read safetensors file `{path}`: {err}") from err
 
 
 def _get_tensor(handle, name: str, path: Path) -> torch.Tensor:
@@ -145,6 +172,8 @@ def _get_tensor(handle, name: str, path: Path) -> torch.Tensor:
 
 def _load_pickle(path: Path) -> dict[str, torch.Tensor]:
     """A pickle state dict, with tensors that share storage (tied weights) copied apart."""
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:

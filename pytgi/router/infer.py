@@ -28,10 +28,10 @@ from pytgi.router.grammar import grammar_error
 from pytgi.router.outputs import (
     ChatPrompt,
     Generation,
+    SimpleToken,
     StreamDetails,
     StreamEvent,
     Timings,
-    TokenSpan,
     ToolCall,
 )
 from pytgi.router.params import GenerateParameters, GrammarParam
@@ -103,7 +103,7 @@ class Infer:
         prefix = inputs if req.return_full_text else ""
         chosen = builders[best]
         timings = _timings(start, validated, chosen.queue_s)
-        request_metrics.record_success(timings, len(chosen.tokens))
+        request_metrics.record_success(timings, len(chosen.tokens), prompt_tokens=req.input_length)
         others = None
         if best_of > 1:
             others = [
@@ -151,7 +151,9 @@ class Infer:
                             index += 1
                             if builder.finished and i == len(step_list) - 1:
                                 timings = _timings(start, validated, builder.queue_s)
-                                request_metrics.record_success(timings, len(builder.tokens))
+                                request_metrics.record_success(
+                                    timings, len(builder.tokens), prompt_tokens=req.input_length
+                                )
                                 yield _final_event(index, step, builder, inputs, timings)
                                 return
                             token_event = (step.token, step.top_tokens, step.text_delta)
@@ -159,12 +161,12 @@ class Infer:
                 # the engine finished without a token to carry the final event
                 raise IncompleteStreamError()
 
-    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[TokenSpan]:
+    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[SimpleToken]:
         """TGI `/tokenize`: ids with their text and byte offsets into `inputs` (no truncation)."""
         encoded = await self.validator.encode(inputs, add_special_tokens=add_special_tokens)
         raw = inputs.encode("utf-8")
         return [
-            TokenSpan(i, raw[s:e].decode("utf-8", "replace"), s, e)
+            SimpleToken(i, raw[s:e].decode("utf-8", "replace"), s, e)
             for i, (s, e) in zip(encoded.ids, encoded.offsets, strict=True)
         ]
 

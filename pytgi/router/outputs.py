@@ -1,29 +1,47 @@
-"""What `Infer` returns: plain dataclasses mirroring TGI's response objects (contract §2.5, §2.6).
+"""What `Infer` returns: the result objects of TGI's responses (contract §2.5, §2.6, §2.9).
 
-The server turns them into wire JSON; `finish_reason` is the engine's `FinishReason` (a `str` enum
-whose values are TGI's wire strings: "length", "eos_token", "stop_sequence").
+`Token`, `PrefillToken`, `SimpleToken`, `BestOfSequence` and `StreamDetails` are the wire types
+themselves (pydantic dataclasses, TGI's names and field order): the server's response models
+(`server/protocol.py`) hold them and serialise them as they are. `finish_reason` is the engine's
+`FinishReason` (a `str` enum whose values are TGI's wire strings: "length", "eos_token",
+"stop_sequence"); the other results are plain dataclasses the server formats.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, SkipValidation, model_serializer
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from pytgi.engine.request import FinishReason
 from pytgi.router.params import GrammarParam
 
+# a FinishReason (a `str` enum) kept as it is, a plain string in the OpenAPI document (as TGI
+# declares it) and on the wire (its value)
+WireFinishReason = Annotated[str, SkipValidation]
 
-@dataclass
+
+def _without_description(schema: dict[str, Any]) -> None:
+    schema.pop("description", None)  # the docstrings are for readers of this code
+
+
+# the wire types' OpenAPI schemas: TGI's names and fields, no docstrings
+wire_dataclass = pydantic_dataclass(config=ConfigDict(json_schema_extra=_without_description))
+
+
+@wire_dataclass
 class Token:
     """A generated token (or a top-n alternative): text decoded with special tokens kept."""
 
     id: int
     text: str
-    logprob: float
+    logprob: float | None
     special: bool
 
 
-@dataclass
+@wire_dataclass
 class PrefillToken:
     """A prompt token; the first one has no prediction, so its logprob is None (TGI: null)."""
 
@@ -32,8 +50,8 @@ class PrefillToken:
     logprob: float | None
 
 
-@dataclass
-class TokenSpan:
+@wire_dataclass
+class SimpleToken:
     """A `/tokenize` entry: byte offsets into the UTF-8 `inputs`; `text` is that slice."""
 
     id: int
@@ -55,17 +73,25 @@ class Timings:
         return self.inference_s / generated_tokens if generated_tokens > 0 else 0.0
 
 
-@dataclass
+@wire_dataclass
 class BestOfSequence:
-    """A losing `best_of` candidate (TGI `details.best_of_sequences[]`)."""
+    """A losing `best_of` candidate (TGI `details.best_of_sequences[]`); `top_tokens` is left off
+    the wire when empty (TGI omits the key)."""
 
     generated_text: str
-    finish_reason: FinishReason
+    finish_reason: WireFinishReason
     generated_tokens: int
     seed: int | None
     prefill: list[PrefillToken]
     tokens: list[Token]
-    top_tokens: list[list[Token]]
+    top_tokens: list[list[Token]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_top_tokens(self, handler):
+        data = handler(self)
+        if not data.get("top_tokens"):
+            data.pop("top_tokens", None)
+        return data
 
 
 @dataclass
@@ -90,15 +116,16 @@ class Generation:
     best_of_sequences: list[BestOfSequence] | None = None
 
 
-@dataclass
+@wire_dataclass
 class StreamDetails:
-    """Carried by the last stream event (TGI `StreamDetails` + `input_length`, and timings)."""
+    """Carried by the last stream event (TGI `StreamDetails` + `input_length`); the timings stay
+    off the wire (they become headers and metrics)."""
 
-    finish_reason: FinishReason
+    finish_reason: WireFinishReason
     generated_tokens: int
     seed: int | None
     input_length: int
-    timings: Timings = field(default_factory=Timings)
+    timings: Timings = Field(default_factory=Timings, exclude=True)
 
 
 @dataclass

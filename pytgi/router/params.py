@@ -1,9 +1,10 @@
 """TGI's user-facing generation parameters (`parameters` of `/generate`), as pydantic v2 models.
 
-The server's wire types reuse these. They only check *types* (as TGI's JSON extractor does: a
-negative `max_new_tokens` is a deserialization error there too); value rules and TGI's exact
-messages live in `router.validation.Validator`. Explicit `null`s are accepted everywhere and mean
-"default"; unknown keys are ignored.
+The server's wire types reuse these. They only check *types*, strictly, as TGI's JSON extractor
+(serde) does: `"10"` or `10.0` for an integer and `"yes"` for a boolean are 422s, and a negative
+`max_new_tokens` is a deserialization error there too; value rules and TGI's exact messages live
+in `router.validation.Validator`. Explicit `null`s are accepted everywhere and mean "default";
+unknown keys are ignored.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _NULL_DEFAULTS: dict[str, Any] = {
 class GenerateParameters(BaseModel):
     """Every field of TGI's `GenerateParameters` (contract §2.4); `None` = server default."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     best_of: int | None = Field(default=None, ge=0)
     temperature: float | None = None

@@ -1,11 +1,13 @@
 """TGI's per-request Prometheus metrics, recorded where TGI records them: in the generate core.
 
 `observe()` wraps one generate / generate_stream call: it counts the request, labels a failure by
-its error type (TGI's `err` label) and, on success, records durations and token counts.
+its error type (TGI's `err` label) and, on success, records durations and token counts and logs
+one line with them, as TGI does (failures are logged by the server, which knows their status).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +20,8 @@ from pytgi.errors import (
     ValidationError,
 )
 from pytgi.router.outputs import Timings
+
+logger = logging.getLogger("pytgi.router")
 
 _FAILURE_LABELS: tuple[tuple[type[PytgiError], str], ...] = (
     (ValidationError, "validation"),
@@ -43,7 +47,13 @@ def record_validated(input_length: int, max_new_tokens: int) -> None:
     metrics.tgi_request_max_new_tokens.observe(max_new_tokens)
 
 
-def record_success(timings: Timings, generated_tokens: int) -> None:
+def record_success(timings: Timings, generated_tokens: int, *, prompt_tokens: int) -> None:
+    logger.info(
+        "Success: %d prompt + %d generated tokens in %.3fs (validation %.3fs, queue %.3fs, "
+        "inference %.3fs, %.1f ms/token)",
+        prompt_tokens, generated_tokens, timings.total_s, timings.validation_s, timings.queue_s,
+        timings.inference_s, 1000 * timings.per_token_s(generated_tokens),
+    )  # fmt: skip
     metrics.tgi_request_success.inc()
     metrics.tgi_request_duration.observe(timings.total_s)
     metrics.tgi_request_validation_duration.observe(timings.validation_s)

@@ -106,9 +106,9 @@ class Validator:
         if inputs == "":
             raise input_error("`inputs` cannot be empty")
         truncate = self._check_truncate(params.truncate)
-        ids = (await self.encode(inputs, add_special_tokens=add_special_tokens)).ids
-        if truncate is not None:
-            ids = ids[-truncate:]
+        ids = await self.encode_prompt(
+            inputs, truncate, params.max_new_tokens, add_special_tokens=add_special_tokens
+        )
         max_new_tokens = self._check_lengths(len(ids), params.max_new_tokens)
         grammar = await self._check_grammar(params)
         return ValidRequest(
@@ -179,13 +179,41 @@ class Validator:
         return truncate
 
     async def encode(self, inputs: str, *, add_special_tokens: bool = True) -> Encoded:
-        """Tokenize off the event loop (a long prompt must not stall other streams)."""
-        try:
-            return await asyncio.to_thread(
-                self.tokenizer.encode, inputs, add_special_tokens=add_special_tokens
-            )
-        except (TypeError, ValueError, UnicodeError) as exc:
-            raise input_error(f"tokenizer error {exc}") from exc
+        """Tokenize with offsets (`/tokenize`): refused, after counting no further than needed,
+        when longer than `max_input_tokens`, so the response stays bounded."""
+        await self._refuse_if_too_long(inputs, add_special_tokens, None)
+        return await _tokenize(self.tokenizer.encode, inputs, add_special_tokens)
+
+    async def encode_prompt(
+        self,
+        inputs: str,
+        truncate: int | None,
+        max_new_tokens: int | None,
+        *,
+        add_special_tokens: bool = True,
+    ) -> list[int]:
+        """The prompt ids: the last `truncate` only (tokenizing only the end of a long text), or
+        all of them after a bounded count showed they can fit."""
+        if truncate is not None:
+            tail = self.tokenizer.encode_tail
+            return await _tokenize(tail, inputs, add_special_tokens, truncate)
+        await self._refuse_if_too_long(inputs, add_special_tokens, max_new_tokens)
+        encoded = await _tokenize(self.tokenizer.encode, inputs, add_special_tokens)
+        return encoded.ids
+
+    async def _refuse_if_too_long(
+        self, inputs: str, add_special_tokens: bool, max_new_tokens: int | None
+    ) -> None:
+        """Counting stops a little past `max_input_tokens` (the margin covers the count's
+        approximation); a prompt counted past it is refused with TGI's message and the count
+        reached. Whatever passes is then tokenized whole and checked exactly."""
+        if len(inputs) <= self.max_input_tokens:  # at most a few tokens per character: cheap
+            return
+        cap = self.max_input_tokens + self.max_input_tokens // 8 + 64
+        count = self.tokenizer.count_tokens
+        counted = await _tokenize(count, inputs, add_special_tokens, stop_after=cap)
+        if counted > cap:
+            self._check_lengths(counted, max_new_tokens)
 
     def _check_lengths(self, input_length: int, max_new_tokens: int | None) -> int:
         """TGI's two token-limit checks; returns the max_new_tokens the engine runs with."""
@@ -247,3 +275,13 @@ def _check_top_k(value: int | None) -> int:
     if value is not None and value <= 0:
         raise input_error("`top_k` must be strictly positive")
     return 0 if value is None else value
+
+
+async def _tokenize(method, inputs: str, add_special_tokens: bool, *args, **kwargs):
+    """Run a tokenizer method off the event loop (a long prompt must not stall other streams)."""
+    try:
+        return await asyncio.to_thread(
+            method, inputs, *args, add_special_tokens=add_special_tokens, **kwargs
+        )
+    except (TypeError, ValueError, UnicodeError) as exc:
+        raise input_error(f"tokenizer error {exc}") from exc

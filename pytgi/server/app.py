@@ -4,22 +4,26 @@ The launcher builds the engine, the router's `Infer` and the configs, calls `cre
 `app.state.health` (`HealthState`) through `starting → ready → draining/dead`, and runs uvicorn.
 Middleware, outermost first: CORS → API key → drain gate → body limit → routes. The OpenAPI
 document is generated from the routes, titled and versioned as TGI's, at `/api-doc/openapi.json`
-(also `/openapi.json`), with Swagger UI at `/docs`.
+(also `/openapi.json`), with Swagger UI at `/docs`, served from the `swagger-ui-bundle` package's
+assets (no CDN: it renders offline).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import swagger_ui_bundle
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pytgi import metrics
 from pytgi.config import CacheInfo, ServerConfig
 from pytgi.engine.client import EngineClient
-from pytgi.server import completions, openai_routes, sagemaker, tgi_routes
+from pytgi.server import completions, openai_routes, sagemaker, tgi_routes, vertex
 from pytgi.server.context import TGI_VERSION, ServerContext
 from pytgi.server.errors import install_error_handlers
 from pytgi.server.health import Health, HealthState
@@ -30,6 +34,7 @@ if TYPE_CHECKING:  # the router is only called through these methods
     from pytgi.router.infer import Infer
 
 OPENAPI_URL = "/api-doc/openapi.json"
+DOCS_ASSETS_URL = "/docs/assets"
 
 
 def create_app(
@@ -60,17 +65,34 @@ def create_app(
         version=TGI_VERSION,
         license_info={"name": "Apache 2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
         openapi_url=OPENAPI_URL,
-        docs_url="/docs",
+        docs_url=None,  # served by _add_docs from bundled assets
         redoc_url=None,
     )
     app.state.ctx = ctx
     app.state.health = ctx.health
-    for module in (tgi_routes, openai_routes, completions, sagemaker):
+    for module in (tgi_routes, openai_routes, completions, sagemaker, vertex):
         app.include_router(module.router)
     app.add_api_route("/openapi.json", app.openapi, methods=["GET"], include_in_schema=False)
+    _add_docs(app)
     install_error_handlers(app)
     _add_middleware(app, config, ctx.health)
     return app
+
+
+def _add_docs(app: FastAPI) -> None:
+    assets = StaticFiles(directory=swagger_ui_bundle.swagger_ui_path)
+    app.mount(DOCS_ASSETS_URL, assets, name="swagger-ui-assets")
+
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=OPENAPI_URL,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS_URL}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS_URL}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS_URL}/favicon-32x32.png",
+        )
+
+    app.add_api_route("/docs", docs, methods=["GET"], include_in_schema=False)
 
 
 def _add_middleware(app: FastAPI, config: ServerConfig, health: HealthState) -> None:

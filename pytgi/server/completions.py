@@ -28,11 +28,12 @@ from pytgi.server.openai_protocol import CompletionRequest, response_format_para
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
 from pytgi.server.streams import gather_or_cancel, merge_streams
+from pytgi.server.strict_json import StrictJSONRoute
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _reject(req: CompletionRequest, max_batch: int):

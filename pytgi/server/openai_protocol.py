@@ -74,6 +74,12 @@ def _stop_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _nucleus(top_p: float | None) -> float | None:
+    """OpenAI's `top_p: 1` (the openai/LangChain default) means no nucleus filtering, as in OpenAI
+    and vLLM; TGI refuses 1.0 (its own routes still do). Other values go to validation as is."""
+    return None if top_p == 1 else top_p
+
+
 def _temperature_params(temperature: float | None) -> dict[str, Any]:
     """TGI's OpenAI routes: `temperature: 0` is greedy; absent or anything else samples."""
     if temperature == 0:
@@ -120,7 +126,7 @@ class ChatRequest(WireRequest):
             **_temperature_params(self.temperature),
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=repetition,
-            top_p=self.top_p,
+            top_p=_nucleus(self.top_p),
             max_new_tokens=max_tokens,
             stop=self.stop or [],
             seed=self.seed,
@@ -171,7 +177,7 @@ class CompletionRequest(WireRequest):
             **_temperature_params(self.temperature),
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
-            top_p=self.top_p,
+            top_p=_nucleus(self.top_p),
             max_new_tokens=self.max_tokens,
             stop=self.stop or [],
             seed=self.seed,

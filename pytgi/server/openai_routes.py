@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import TemplateError
+from pytgi.errors import TemplateError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL
@@ -28,15 +28,16 @@ from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_event_stream
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.openai_protocol import ChatRequest, response_format_param
-from pytgi.server.protocol import ChatTokenizeResponse, SimpleToken
+from pytgi.server.protocol import ChatTokenizeResponse
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
+from pytgi.server.strict_json import StrictJSONRoute
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE
 from pytgi.server.tool_stream import ToolCallStreamer, stream_tool_call_id
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 
 def _grammar(req: ChatRequest) -> GrammarParam | None:
@@ -44,6 +45,8 @@ def _grammar(req: ChatRequest) -> GrammarParam | None:
 
 
 async def render(ctx: ServerContext, req: ChatRequest) -> ChatPrompt:
+    if not req.messages:
+        raise ValidationError("Input validation error: `messages` cannot be empty")
     try:
         return await run_in_threadpool(
             ctx.infer.render_chat,
@@ -185,8 +188,7 @@ async def post_chat_tokenize(req: ChatRequest, ctx: ServerContext = Depends(get_
     metrics.tgi_request_count.inc()
     prompt = await render(ctx, req)
     spans = await ctx.infer.tokenize(prompt.text, add_special_tokens=False)
-    tokens = [SimpleToken.from_span(s) for s in spans]
-    return JSONBody(ChatTokenizeResponse(tokenize_response=tokens, templated_text=prompt.text))
+    return JSONBody(ChatTokenizeResponse(tokenize_response=spans, templated_text=prompt.text))
 
 
 @router.get("/v1/models", operation_id="openai_get_model_info")

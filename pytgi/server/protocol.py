@@ -2,7 +2,9 @@
 
 Requests accept unknown keys and explicit `null` for every optional field (null = default).
 Responses serialise in TGI's field order; keys TGI omits when empty are listed in `_omit_if_none`.
-Router results (`pytgi.router.outputs`) become these through the `from_*` constructors.
+The token-level types (`Token`, `PrefillToken`, `SimpleToken`, `BestOfSequence`, `StreamDetails`)
+are the router's own result types (`pytgi.router.outputs`), defined once there and serialised as
+they are; the responses around them are built by the `from_*` constructors.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from pytgi.router import outputs as ro
+from pytgi.router.outputs import BestOfSequence, PrefillToken, SimpleToken, StreamDetails, Token
 from pytgi.router.params import GenerateParameters
 
 
@@ -48,6 +51,10 @@ class WireResponse(BaseModel):
 
 
 class GenerateRequest(WireRequest):
+    """TGI's routes parse strictly, as serde does (no string or float coercions)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
     inputs: str = Field(examples=["My name is Olivier and I"])
     parameters: GenerateParameters | None = None
 
@@ -58,35 +65,6 @@ class GenerateRequest(WireRequest):
 
 class CompatGenerateRequest(GenerateRequest):
     stream: bool = False
-
-
-class Token(WireResponse):
-    id: int
-    text: str
-    logprob: float | None
-    special: bool
-
-    @classmethod
-    def from_router(cls, token: ro.Token) -> Token:
-        return cls(id=token.id, text=token.text, logprob=token.logprob, special=token.special)
-
-
-class PrefillToken(WireResponse):
-    id: int
-    text: str
-    logprob: float | None
-
-
-class BestOfSequence(WireResponse):
-    _omit_if_none: ClassVar[frozenset[str]] = frozenset({"top_tokens"})
-
-    generated_text: str
-    finish_reason: str
-    generated_tokens: int
-    seed: int | None
-    prefill: list[PrefillToken]
-    tokens: list[Token]
-    top_tokens: list[list[Token]] | None = None
 
 
 class Details(WireResponse):
@@ -114,49 +92,16 @@ class GenerateResponse(WireResponse):
         return cls(generated_text=gen.generated_text, details=_details(gen))
 
 
-def _tokens(tokens: list[ro.Token]) -> list[Token]:
-    return [Token.from_router(t) for t in tokens]
-
-
-def _prefill(tokens: list[ro.PrefillToken]) -> list[PrefillToken]:
-    return [PrefillToken(id=t.id, text=t.text, logprob=t.logprob) for t in tokens]
-
-
-def _top_tokens(top: list[list[ro.Token]]) -> list[list[Token]] | None:
-    return [_tokens(alternatives) for alternatives in top] if top else None
-
-
 def _details(gen: ro.Generation) -> Details:
-    best_of = None
-    if gen.best_of_sequences is not None:
-        best_of = [
-            BestOfSequence(
-                generated_text=s.generated_text,
-                finish_reason=s.finish_reason.value,
-                generated_tokens=s.generated_tokens,
-                seed=s.seed,
-                prefill=_prefill(s.prefill),
-                tokens=_tokens(s.tokens),
-                top_tokens=_top_tokens(s.top_tokens),
-            )
-            for s in gen.best_of_sequences
-        ]
     return Details(
         finish_reason=gen.finish_reason.value,
         generated_tokens=gen.generated_tokens,
         seed=gen.seed,
-        prefill=_prefill(gen.prefill),
-        tokens=_tokens(gen.tokens),
-        top_tokens=_top_tokens(gen.top_tokens),
-        best_of_sequences=best_of,
+        prefill=gen.prefill,
+        tokens=gen.tokens,
+        top_tokens=gen.top_tokens or None,
+        best_of_sequences=gen.best_of_sequences,
     )
-
-
-class StreamDetails(WireResponse):
-    finish_reason: str
-    generated_tokens: int
-    seed: int | None
-    input_length: int
 
 
 class StreamResponse(WireResponse):
@@ -170,33 +115,13 @@ class StreamResponse(WireResponse):
 
     @classmethod
     def from_event(cls, event: ro.StreamEvent, *, details: bool) -> StreamResponse:
-        wire_details = None
-        if details and event.details is not None:
-            d = event.details
-            wire_details = StreamDetails(
-                finish_reason=d.finish_reason.value,
-                generated_tokens=d.generated_tokens,
-                seed=d.seed,
-                input_length=d.input_length,
-            )
         return cls(
             index=event.index,
-            token=Token.from_router(event.token),
-            top_tokens=_tokens(event.top_tokens) or None,
+            token=event.token,
+            top_tokens=event.top_tokens or None,
             generated_text=event.generated_text,
-            details=wire_details,
+            details=event.details if details else None,
         )
-
-
-class SimpleToken(WireResponse):
-    id: int
-    text: str
-    start: int
-    stop: int
-
-    @classmethod
-    def from_span(cls, span: ro.TokenSpan) -> SimpleToken:
-        return cls(id=span.id, text=span.text, start=span.start, stop=span.stop)
 
 
 class ChatTokenizeResponse(WireResponse):

@@ -19,9 +19,10 @@ from pytgi.server.errors import error_response
 from pytgi.server.openai_protocol import ChatRequest, CompletionRequest
 from pytgi.server.openai_routes import chat
 from pytgi.server.protocol import CompatGenerateRequest
+from pytgi.server.strict_json import StrictJSONRoute
 from pytgi.server.tgi_routes import ERRORS, SSE_RESPONSE, compat_generate
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 _KINDS: list[tuple[str, type[BaseModel]]] = [
     ("inputs", CompatGenerateRequest),
@@ -30,7 +31,8 @@ _KINDS: list[tuple[str, type[BaseModel]]] = [
 ]
 
 
-def _parse(model: type[BaseModel], body: dict[str, Any]) -> Any:
+def parse_body(model: type[BaseModel], body: dict[str, Any]) -> Any:
+    """`body` as `model`; a mismatch is the same 422 as a route's own body."""
     try:
         return model.model_validate(body)
     except PydanticValidationError as exc:
@@ -47,7 +49,7 @@ async def post_invocations(
 ):
     for key, model in _KINDS:
         if key in body:
-            req = _parse(model, body)
+            req = parse_body(model, body)
             if isinstance(req, CompatGenerateRequest):
                 return await compat_generate(ctx, req, request)
             if isinstance(req, ChatRequest):

@@ -22,7 +22,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from pytgi.server.responses import dumps
+from pytgi.server.responses import dumps, encode_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class EventStreamResponse(Response):
                 frame = KEEP_ALIVE
             if frame is _END:
                 return not watcher.done()
-            message = {"type": "http.response.body", "body": frame.encode(), "more_body": True}
+            message = {"type": "http.response.body", "body": encode_utf8(frame), "more_body": True}
             try:
                 await send(message)
             except OSError:  # ASGI 2.4 servers report a gone client here

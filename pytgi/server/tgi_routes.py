@@ -14,10 +14,11 @@ from starlette.responses import Response
 
 from pytgi import metrics
 from pytgi.errors import PytgiError
+from pytgi.router.outputs import SimpleToken
 from pytgi.router.params import GenerateParameters
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
-from pytgi.server.errors import error_body
+from pytgi.server.errors import error_body, log_error
 from pytgi.server.headers import generation_headers, stream_headers
 from pytgi.server.health import Health
 from pytgi.server.protocol import (
@@ -26,15 +27,15 @@ from pytgi.server.protocol import (
     GenerateRequest,
     GenerateResponse,
     Info,
-    SimpleToken,
     StreamResponse,
 )
 from pytgi.server.responses import JSONBody
 from pytgi.server.sse import EventStreamResponse, data_frame
+from pytgi.server.strict_json import StrictJSONRoute
 
 logger = logging.getLogger(__name__)
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 ERRORS = {
     code: {"model": ErrorResponse, "description": text}
@@ -71,6 +72,7 @@ async def tgi_stream_frames(
         async for event in stream:
             yield data_frame(StreamResponse.from_event(event, details=params.details))
     except PytgiError as exc:
+        log_error("generate_stream", exc.status_code, exc.message, exc.error_type)
         yield data_frame(error_body(exc.message, exc.error_type))
     except Exception:
         logger.exception("generate_stream failed")
@@ -135,7 +137,7 @@ async def post_generate_stream(req: GenerateRequest, ctx: ServerContext = Depend
 @router.post("/tokenize", operation_id="tokenize", response_model=list[SimpleToken])
 async def post_tokenize(req: GenerateRequest, ctx: ServerContext = Depends(get_context)):
     spans = await ctx.infer.tokenize(req.inputs)
-    return JSONBody([SimpleToken.from_span(s) for s in spans])
+    return JSONBody(spans)
 
 
 @router.get("/info", operation_id="get_model_info", response_model=Info)
@@ -151,7 +153,8 @@ async def get_info(ctx: ServerContext = Depends(get_context)):
 async def get_health(ctx: ServerContext = Depends(get_context)):
     if ctx.health.status == Health.READY and ctx.engine.is_alive:
         return Response(status_code=200)
-    return JSONBody(error_body("unhealthy", "healthcheck"), status_code=503)
+    message = "draining" if ctx.health.status == Health.DRAINING else "unhealthy"
+    return JSONBody(error_body(message, "healthcheck"), status_code=503)
 
 
 router.add_api_route("/", get_health, methods=["GET"], include_in_schema=False)

@@ -3,8 +3,14 @@
 Loads `tokenizer.json` with the `tokenizers` library (no transformers, no torch). A directory with
 only a slow tokenizer (e.g. `tokenizer.model`) is converted once through transformers, as TGI's
 router does. Special tokens come from `tokenizer_config.json` (string or `{content: ...}` objects).
-EOS ids follow TGI (§7): a *list* `eos_token_id` in `generation_config.json` replaces the
-tokenizer's EOS.
+EOS ids: a *list* `eos_token_id` in `generation_config.json` replaces the tokenizer's EOS (TGI,
+§7); a single id there that differs from the tokenizer's EOS is added to it, as transformers and
+vLLM do (TGI uses only the tokenizer's), so a chat model whose converted tokenizer names another
+EOS still stops at the end of its turn.
+
+Long texts can be measured without tokenizing them whole: `count_tokens` counts piece by piece and
+stops past a limit, and `encode_tail` tokenizes only the end a truncation keeps, so the work (and
+memory) spent on a prompt that is refused or truncated is bounded by the limits, not by the body.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from pytgi.errors import ModelLoadError
 
+# pieces of text tokenized separately by count_tokens / encode_tail, cut at whitespace
+PIECE_CHARS = 4096
 # tokenizer_config.json uses ~1e30 for "no limit"
 _UNBOUNDED_MAX_LENGTH = 10**12
 _SLOW_TOKENIZER_FILES = (
@@ -72,8 +80,8 @@ class Tokenizer:
         eos = gen_config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ()
         tok = cls(backend, config, eos_ids)
-        if not tok.eos_token_ids and isinstance(eos, int):
-            tok.eos_token_ids = (eos,)
+        if isinstance(eos, int) and eos not in tok.eos_token_ids:
+            tok.eos_token_ids = (*tok.eos_token_ids, eos)
         tok.model_dir = model_dir
         tok.config_path = Path(config_path) if config_path else None
         return tok
@@ -85,6 +93,36 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> Encoded:
         enc = self.backend.encode(text, add_special_tokens=add_special_tokens)
         return Encoded(list(enc.ids), _char_to_byte_offsets(text, enc.offsets))
+
+    def count_tokens(
+        self, text: str, *, add_special_tokens: bool = True, stop_after: int | None = None
+    ) -> int:
+        """About how many tokens `text` has, from pieces cut at whitespace (a cut can shift the
+        count by a token or two); once more than `stop_after` are counted, counting stops and the
+        partial count is returned."""
+        total = self._num_special_tokens() if add_special_tokens else 0
+        for piece in _pieces(text, 0, len(text)):
+            total += len(self.backend.encode(piece, add_special_tokens=False))
+            if stop_after is not None and total > stop_after:
+                break
+        return total
+
+    def encode_tail(
+        self, text: str, num_tokens: int, *, add_special_tokens: bool = True
+    ) -> list[int]:
+        """The last `num_tokens` ids of `text`'s encoding, tokenizing only as much of its end as
+        they need (plus a margin, so the cut where tokenizing starts does not reach them)."""
+        wanted, start, counted = num_tokens + PIECE_CHARS // 8, len(text), 0
+        while start > 0 and counted < wanted:
+            piece_start = _piece_start(text, start)
+            counted += len(self.backend.encode(text[piece_start:start], add_special_tokens=False))
+            start = piece_start
+        tail = text[start:]
+        return self.backend.encode(tail, add_special_tokens=add_special_tokens).ids[-num_tokens:]
+
+    def _num_special_tokens(self) -> int:
+        processor = self.backend.post_processor
+        return processor.num_special_tokens_to_add(False) if processor is not None else 0
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -145,6 +183,32 @@ def _max_length(value: Any) -> int | None:
     if isinstance(value, (int, float)) and 0 < value < _UNBOUNDED_MAX_LENGTH:
         return int(value)
     return None
+
+
+def _piece_start(text: str, end: int) -> int:
+    """Where the piece of `text` that ends at `end` starts: at a whitespace after at most
+    PIECE_CHARS characters (a word is never cut unless it is longer than half of that)."""
+    start = max(end - PIECE_CHARS, 0)
+    if start == 0:
+        return 0
+    cut = _last_space(text, start, start + PIECE_CHARS // 2)
+    return cut if cut is not None else start
+
+
+def _pieces(text: str, start: int, end: int):
+    while start < end:
+        stop = min(start + PIECE_CHARS, end)
+        if stop < end:
+            cut = _last_space(text, stop - PIECE_CHARS // 2, stop)
+            stop = cut if cut is not None and cut > start else stop
+        yield text[start:stop]
+        start = stop
+
+
+def _last_space(text: str, lo: int, hi: int) -> int | None:
+    """The index of the last space or newline in text[lo:hi] (a piece then starts with it)."""
+    cut = max(text.rfind(" ", lo, hi), text.rfind("\n", lo, hi))
+    return cut if cut >= 0 else None
 
 
 def _char_to_byte_offsets(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:

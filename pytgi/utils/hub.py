@@ -15,6 +15,7 @@ import dataclasses
 import fnmatch
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import huggingface_hub
@@ -53,19 +54,29 @@ _PATH_PREFIXES = ("/", "./", "../", "~")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
-def resolve_model_dir(model: ModelConfig, allow_patterns: list[str] | None = None) -> Path:
+def resolve_model_dir(
+    model: ModelConfig,
+    allow_patterns: list[str] | None = None,
+    check_config: Callable[[Path], object] | None = None,
+) -> Path:
     """The local directory holding `model.model_id`, downloading missing hub files into the cache.
 
     `allow_patterns` replaces the default passes with one snapshot of exactly those patterns.
+    `check_config(directory)` runs once config.json is there and before any weight is fetched,
+    so that a model pytgi would refuse costs no download (it raises to refuse).
     """
     local = local_model_dir(model.model_id)
     if local is not None:
+        if check_config is not None:
+            check_config(local)
         return local
     _check_revision(model.revision)
     if allow_patterns is not None:
         return _snapshot(model, allow_patterns)
     patterns = METADATA_PATTERNS + (REMOTE_CODE_PATTERNS if model.trust_remote_code else [])
     snapshot = _snapshot(model, patterns)
+    if check_config is not None:
+        check_config(snapshot)
     pinned = _pin_revision(model, snapshot)  # later passes must not follow a branch that moved
     snapshot = _snapshot(pinned, safetensors_patterns(snapshot))
     if any(snapshot.glob("*.safetensors")):

@@ -162,3 +162,23 @@ def test_static_batch_pads_to_the_longest_output(tiny_model_factory):
     assert len(trace.decode_step_s) == 5  # the batch ran until the 6-token request was done
     assert trace.num_decode_tokens == (2 - 1) + (6 - 1) + (3 - 1)
     assert trace.num_prefill_tokens == 5 + 12 + 9
+
+
+def test_fallback_baseline_runs_the_same_tokens(tiny_model_factory):
+    """`--baselines pytgi_transformers`: pytgi against itself through the transformers fallback,
+    alternating per round; both serve every token."""
+    from pytgi.benchmark.engine.suite import BenchOptions, ratios, run_suite
+
+    options = BenchOptions(
+        model_id=str(tiny_model_factory("llama")),
+        workloads=tuple(sweep_workloads([2], [8], [4])),
+        num_threads=1,
+        baselines=("pytgi_transformers",),
+        bandwidth_bytes=1 << 24,
+        gemm_size=128,
+    )
+    (case,) = run_suite(options, log=lambda line: None).cases
+    assert set(case.runs) == {"pytgi", "pytgi_transformers"}
+    assert set(ratios(case)) == {"pytgi_transformers"}
+    for runs in case.runs.values():
+        assert runs[0].num_output_tokens == case.workload.num_output_tokens

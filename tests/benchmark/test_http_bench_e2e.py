@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from pytgi.benchmark.http_cli import main
@@ -41,3 +42,24 @@ def test_small_sweep_against_the_real_server(server_url, bench_argv, tmp_path, c
             assert request["token_events"] == request["output_tokens"] >= 1
     for name in ("report.md", "throughput_latency.png", "ttft_distribution.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("api", ["tgi", "chat"])
+def test_prompts_longer_than_the_server_allows_are_kept_inside_its_limits(
+    server_url, bench_argv, tmp_path, capsys, demo_model_dir, api
+):
+    """Every prompt drawn is past the server's context: the bench reads `/info` and keeps each
+    request inside `max_input_tokens` / `max_total_tokens`, so none is refused."""
+    info = httpx.get(f"{server_url}/info", timeout=10).json()
+    too_long = f"uniform:{info['max_total_tokens'] + 100},{info['max_total_tokens'] + 400}"
+    argv = bench_argv(server_url, "--api", api, "--concurrency", "2", "--max-requests", "4")
+    argv += ["--tokenizer-name", str(demo_model_dir), "--prompt-tokens", too_long]
+    argv += ["--output-tokens", "200", "--warmup-requests", "0", "--request-timeout", "60"]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.out
+    assert f"max_input_tokens={info['max_input_tokens']}" in captured.err
+    step = json.loads((tmp_path / "out" / "results.json").read_text())["steps"][0]
+    assert step["num_failed"] == 0, step["errors"]
+    for request in step["requests"]:
+        assert request["prompt_tokens"] < info["max_input_tokens"]

@@ -108,6 +108,38 @@ def _check_step_transport(rank: int) -> None:
     assert receive_step(torch.device("cpu")) is None
 
 
+def _check_quantized_mlp(x):
+    """Pre-quantized Q4_0 gate/up (column shards exact) and Q8_0 down (row shards on block
+    boundaries) on the compiled kernels, fp32 activations: equal to the unsharded product."""
+    from pytgi.backends.cpu.kernels import load_cpu_kernels
+    from pytgi.layers.build_context import BuildContext, build_context
+    from pytgi.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+    from pytgi.layers.quantization.cpu_methods import Int4LinearMethod, Int8LinearMethod
+    from pytgi.layers.quantization.packed import FP32_ACTIVATIONS
+    from pytgi.layers.quantization.quantizers import quantize_q4_0, quantize_q8_0
+    from pytgi.layers.quantization.registry import OnTheFlyQuantConfig
+
+    gate, up = quantize_q4_0(torch.randn(64, 64)), quantize_q4_0(torch.randn(64, 64))
+    down = quantize_q8_0(torch.randn(64, 64))
+    q4 = OnTheFlyQuantConfig("q4", lambda kernels: Int4LinearMethod(kernels, FP32_ACTIVATIONS))
+    q8 = OnTheFlyQuantConfig("q8", lambda kernels: Int8LinearMethod(kernels, FP32_ACTIVATIONS))
+    with build_context(BuildContext(kernels=load_cpu_kernels())):
+        gate_up = MergedColumnParallelLinear(64, [64, 64], quant_config=q4)
+        down_proj = RowParallelLinear(64, 64, quant_config=q8)
+    assert gate_up.quant_method.kernels is not None
+    _load(gate_up, "weight", gate, 0)
+    _load(gate_up, "weight", up, 1)
+    _load(down_proj, "weight", down)
+    for layer in (gate_up, down_proj):
+        layer.quant_method.process_weights_after_loading(layer)
+    g, u = gate_up(x).chunk(2, dim=-1)  # this rank's 32 features of each
+    h = F.silu(g) * u
+    hidden = F.silu(x @ gate.dequantize().T) * (x @ up.dequantize().T)  # [5, 64]
+    rank = torch.distributed.get_rank()
+    torch.testing.assert_close(h, hidden[:, 32 * rank : 32 * rank + 32], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(down_proj(h), hidden @ down.dequantize().T, rtol=1e-4, atol=1e-4)
+
+
 def _run_rank(rank: int, port: int) -> None:
     from pytgi.distributed.comm import tp_min
     from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
@@ -120,6 +152,7 @@ def _run_rank(rank: int, port: int) -> None:
         _check_mlp(x)
         _check_qkv(x)
         _check_vocab(rank)
+        _check_quantized_mlp(torch.randn(5, 64))
         assert tp_min(10 + rank) == 10
         _check_step_transport(rank)
     finally:

@@ -15,12 +15,15 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-def engine_config(model_dir: Path, **cache) -> EngineConfig:
-    return EngineConfig(model=ModelConfig(model_id=str(model_dir)), cache=CacheConfig(**cache))
+def engine_config(model_dir: Path, implementation: str = "auto", **cache) -> EngineConfig:
+    model = ModelConfig(model_id=str(model_dir), implementation=implementation)
+    return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
-def make_runner(model_dir: Path, num_blocks: int = 128) -> ModelRunner:
-    runner = ModelRunner(engine_config(model_dir), select_platform())
+def make_runner(
+    model_dir: Path, num_blocks: int = 128, implementation: str = "auto"
+) -> ModelRunner:
+    runner = ModelRunner(engine_config(model_dir, implementation), select_platform())
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
     return runner

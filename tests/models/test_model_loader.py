@@ -55,11 +55,20 @@ def test_registry_lists_and_resolves():
 
 def test_unknown_architecture_lists_supported(model_copy):
     config = json.loads((model_copy / "config.json").read_text())
-    config["architectures"] = ["FalconMambaForCausalLM"]
+    config["architectures"] = ["NoSuchModelForCausalLM"]  # neither native nor in transformers
     (model_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="FalconMambaForCausalLM") as e:
+    with pytest.raises(ModelLoadError, match="NoSuchModelForCausalLM") as e:
         build(model_copy)
     assert all(name in e.value.message for name in ARCH_NAMES)
+    assert "transformers fallback" in e.value.message
+
+
+def test_architecture_that_does_not_fit_the_config(model_copy):
+    config = json.loads((model_copy / "config.json").read_text())
+    config["architectures"] = ["FalconMambaForCausalLM"]  # a transformers class; model_type llama
+    (model_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="model_type 'llama' does not fit.*FalconMamba"):
+        build(model_copy)
 
 
 def test_shape_mismatch_names_tensor_and_shapes(model_copy):

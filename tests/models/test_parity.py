@@ -1,6 +1,8 @@
 """Logit and greedy-token parity with transformers (eager, fp32) for every architecture in ARCHS,
 through the ModelRunner with hand-built scheduler steps: mixed prompts, chunked prefill mixed with
-decodes, prefix-cache hits, and 32+ greedy decode steps.
+decodes, prefix-cache hits, and 32+ greedy decode steps. `arch@transformers` rows force a native
+architecture through the transformers fallback (Mistral: the sliding window it passes to the
+attention function).
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from models.runner_utils import (
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=list(ARCHS))
+FORCED_FALLBACK = ["mistral@transformers"]
+
+
+@pytest.fixture(scope="module", params=list(ARCHS) + FORCED_FALLBACK)
 def pair(request, tiny_model_factory):
     torch.set_num_threads(1)
-    model_dir = tiny_model_factory(request.param)
-    return request.param, make_runner(model_dir), load_hf(model_dir)
+    arch, _, implementation = request.param.partition("@")
+    model_dir = tiny_model_factory(arch)
+    runner = make_runner(model_dir, implementation=implementation or "auto")
+    return request.param, runner, load_hf(model_dir)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

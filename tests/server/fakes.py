@@ -23,11 +23,11 @@ from pytgi.errors import PytgiError, ToolError
 from pytgi.router.outputs import (
     ChatPrompt,
     Generation,
+    SimpleToken,
     StreamDetails,
     StreamEvent,
     Timings,
     Token,
-    TokenSpan,
     ToolCall,
 )
 from pytgi.router.params import GenerateParameters, GrammarParam
@@ -168,10 +168,10 @@ class ScriptedInfer:
         prefix = inputs if params.return_full_text else ""
         return StreamEvent(i, token, [], word, prefix + "".join(words), details)
 
-    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[TokenSpan]:
+    async def tokenize(self, inputs: str, *, add_special_tokens: bool = True) -> list[SimpleToken]:
         spans, start = [], 0
         for i, word in enumerate(inputs.split(" ")):
-            spans.append(TokenSpan(i, word, start, start + len(word)))
+            spans.append(SimpleToken(i, word, start, start + len(word)))
             start += len(word) + 1
         return spans
 

@@ -134,9 +134,9 @@ def test_openai_completions(url, tokenizer):
 def test_openai_errors(url):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.UnprocessableEntityError):
-        client.chat.completions.create(model="tgi", messages=MESSAGES, top_p=1.0)
+        client.chat.completions.create(model="tgi", messages=MESSAGES, top_p=1.5)
     with pytest.raises(openai.APIError, match="top_p"):
-        list(client.chat.completions.create(model="tgi", messages=MESSAGES, top_p=1.0, stream=True))
+        list(client.chat.completions.create(model="tgi", messages=MESSAGES, top_p=1.5, stream=True))
 
 
 def test_openai_tool_calls(tool_url):

@@ -15,7 +15,11 @@ import pytest
 from server.fakes import ScriptedInfer
 from server.harness import asgi_client, scripted_app
 
-TGI_OPENAPI = Path(__file__).resolve().parents[3] / "shared" / "reference" / "tgi-openapi.json"
+_REFERENCE = Path("shared") / "reference" / "tgi-openapi.json"
+TGI_OPENAPI = next(  # beside the clone (CI) or above a worktree
+    (p / _REFERENCE for p in Path(__file__).resolve().parents if (p / _REFERENCE).exists()),
+    Path(__file__).resolve().parents[3] / _REFERENCE,
+)
 
 pytestmark = [
     pytest.mark.anyio,

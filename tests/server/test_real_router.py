@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from server.harness import SCRIPT, asgi_client
@@ -119,3 +120,31 @@ async def test_tokenize_offsets(real_app, tokenizer):
     assert spans[0]["id"] == tokenizer.bos_token_id
     assert "".join(s["text"] for s in spans) == "Hello world"
     assert spans[-1]["stop"] == len("Hello world")
+
+
+async def test_generation_config_eos_also_ends_generation(tokenizer, tokenizer_dir, tmp_path):
+    """A chat model's generation_config.json names its end-of-turn token, not the tokenizer's EOS:
+    generation stops there too (issue 13)."""
+    import shutil
+
+    from server.fakes import CACHE_INFO, FakeEngine
+    from server.harness import server_config
+
+    from pytgi.router.infer import Infer
+    from pytgi.server.app import create_app
+    from pytgi.tokenizer.tokenizer import Tokenizer
+
+    script_ids = tokenizer.encode(SCRIPT, add_special_tokens=False).ids
+    end_of_turn = script_ids[3]
+    model_dir = Path(shutil.copytree(tokenizer_dir, tmp_path / "model"))
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": end_of_turn}))
+    chat_tokenizer = Tokenizer.from_dir(model_dir)
+    engine = FakeEngine(script_ids)  # never emits the tokenizer's own EOS
+    config = server_config()
+    infer = Infer(engine, chat_tokenizer, config.limits, CACHE_INFO)
+    app = create_app(infer, engine, config, CACHE_INFO, model_info={"model_id": "m"})
+    body = {"inputs": "a", "parameters": {"details": True, "max_new_tokens": 20}}
+    async with asgi_client(app) as client:
+        data = (await client.post("/generate", json=body)).json()
+    assert data["details"]["finish_reason"] == "eos_token"
+    assert data["details"]["generated_tokens"] == 4

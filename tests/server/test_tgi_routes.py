@@ -203,12 +203,14 @@ async def test_health_follows_state_and_engine():
         app.state.health.set(Health.DRAINING)
         response = await client.get("/health")
         assert response.status_code == 503
-        assert response.json() == {"error": "unhealthy", "error_type": "healthcheck"}
+        assert response.json() == {"error": "draining", "error_type": "healthcheck"}
         refused = await client.post("/generate", json={"inputs": "x"})
         assert refused.status_code == 503
         app.state.health.set(Health.READY)
         app.state.ctx.engine.alive = False
-        assert (await client.get("/health")).status_code == 503
+        dead = await client.get("/health")
+        assert dead.status_code == 503
+        assert dead.json() == {"error": "unhealthy", "error_type": "healthcheck"}
 
 
 async def test_models():

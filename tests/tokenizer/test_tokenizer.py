@@ -28,9 +28,12 @@ def test_generation_config_eos_list_replaces_tokenizer_eos(sp_tok):
     assert sp_tok.model_max_length is None  # 1e30 means unbounded
 
 
-def test_generation_config_int_eos_does_not_replace(tmp_path, bytelevel_dir):
+def test_generation_config_int_eos_is_added_to_the_tokenizers(tmp_path, bytelevel_dir):
+    """transformers and vLLM stop on both (TGI only on the tokenizer's)."""
     _copy_tokenizer(bytelevel_dir, tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert Tokenizer.from_dir(tmp_path).eos_token_ids == (2, 5)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     assert Tokenizer.from_dir(tmp_path).eos_token_ids == (2,)
 
 
@@ -74,3 +77,18 @@ def test_malformed_config_is_a_load_error(tmp_path, bytelevel_dir):
 def _copy_tokenizer(src, dst):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (dst / name).write_bytes((src / name).read_bytes())
+
+
+def test_bounded_counting_and_tail_encoding_match_the_full_encoding():
+    from pytgi.demo_model import demo_model_path
+
+    tok = Tokenizer.from_dir(demo_model_path())
+    text = " ".join(f"And the word{i % 97}, said he;\nverily" for i in range(3000))  # ~60k chars
+    full = tok.encode(text).ids
+    counted = tok.count_tokens(text)
+    assert abs(counted - len(full)) <= len(text) // 4096 + 2  # a token or two per piece
+    assert tok.count_tokens(text, stop_after=500) < 500 + 2000  # stopped within one piece
+    for n in (1, 100, 5000):
+        assert tok.encode_tail(text, n) == full[-n:]
+    short = "In the beginning"
+    assert tok.encode_tail(short, 100) == tok.encode(short).ids  # shorter than n: all of it

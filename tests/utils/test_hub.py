@@ -241,3 +241,13 @@ def test_pickle_listing_failure_leaves_the_error_to_the_loader(monkeypatch, tmp_
 
     monkeypatch.setattr(huggingface_hub, "list_repo_files", unreachable)
     assert resolve_model_dir(ModelConfig(model_id=REPO)) == tmp_path
+
+
+def test_config_checked_before_any_weight_is_fetched(monkeypatch, tmp_path):
+    from pytgi.cli.preflight import check_model_config
+
+    (tmp_path / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"]}')
+    hub = fake_hub(monkeypatch, tmp_path)
+    with pytest.raises(ModelLoadError, match="unsupported model architecture"):
+        resolve_model_dir(ModelConfig(model_id=REPO), check_config=check_model_config)
+    assert [call["allow_patterns"] for call in hub.calls] == [METADATA_PATTERNS]

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from pytgi.benchmark.engine.workloads import NAMED_WORKLOADS, named_workload, sweep_workloads
 
-BASELINE_NAMES = ("hf_sequential", "hf_static")
+HF_BASELINES = ("hf_sequential", "hf_static")
+# pytgi_transformers: pytgi itself through the transformers fallback (its cost against native)
+BASELINE_NAMES = (*HF_BASELINES, "pytgi_transformers")
 
 
 def _int_list(value: str) -> list[int]:
@@ -57,13 +59,17 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--seed", {"type": int, "default": 0, "help": "seed of the random prompts"}),
     ("--num-threads", {"type": int, "help": "torch threads for both engines (default: torch's)"}),
     ("--no-baseline", {"action": "store_true", "help": "skip transformers generate"}),
-    ("--baselines", {"type": _name_list(BASELINE_NAMES), "default": list(BASELINE_NAMES),
-                     "help": "which transformers runs: hf_sequential,hf_static"}),
+    ("--baselines", {"type": _name_list(BASELINE_NAMES), "default": list(HF_BASELINES),
+                     "help": "the runs pytgi is compared with: hf_sequential,hf_static "
+                             "(transformers generate), pytgi_transformers (pytgi through its "
+                             "transformers fallback)"}),
     ("--sequential-sample", {"type": int, "default": 4,
                              "help": "hf_sequential on identical requests: run this many, replay "
                                      "their timings for the rest (0: run all)"}),
     ("--max-batch-prefill-tokens", {"type": int, "help": "pytgi: token budget of one step"}),
     ("--max-batch-size", {"type": int, "help": "pytgi: maximum running requests"}),
+    ("--model-implementation", {"default": "auto", "choices": ("auto", "transformers"),
+                                "help": "pytgi: transformers forces the transformers fallback"}),
     ("--output", {"type": Path, "help": "write the results as JSON to this file"}),
     ("--markdown", {"type": Path, "help": "write a Markdown summary to this file"}),
 )  # fmt: skip
@@ -108,6 +114,7 @@ def bench_options(args: argparse.Namespace):
         sequential_sample=value("sequential_sample"),
         max_batch_prefill_tokens=value("max_batch_prefill_tokens"),
         max_batch_size=value("max_batch_size"),
+        model_implementation=value("model_implementation") or "auto",
     )
 
 

@@ -27,19 +27,24 @@ def create_engine(
     num_threads: int,
     max_batch_prefill_tokens: int | None = None,
     max_batch_size: int | None = None,
+    implementation: str = "auto",
 ) -> EngineCore:
     """The engine with `pytgi serve`'s defaults except the options given here."""
-    options = {"dtype": dtype, "num_threads": num_threads, "max_batch_size": max_batch_size}
+    options = {
+        "dtype": dtype,
+        "num_threads": num_threads,
+        "max_batch_size": max_batch_size,
+        "implementation": implementation,
+    }
     if max_batch_prefill_tokens is not None:
         options["max_batch_prefill_tokens"] = max_batch_prefill_tokens
     return EngineCore.from_config(engine_config(model_id, **options))
 
 
 class PytgiRunner:
-    system = "pytgi"
-
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore, system: str = "pytgi"):
         self.core = core
+        self.system = system  # "pytgi", or "pytgi_transformers" for the fallback as a baseline
 
     def run(self, workload: Workload, prompts: list[list[int]]) -> RunTrace:
         requests = [RequestTrace(r.prompt_len, r.output_len) for r in workload.requests]

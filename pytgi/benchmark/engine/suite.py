@@ -1,8 +1,9 @@
 """The benchmark run: measure the machine, load both engines once, then run every workload.
 
 For each workload: untimed warm-ups, then `repeats` rounds; in each round every system (pytgi, then
-the transformers baselines) serves the same fresh random prompts, one system at a time, never
-concurrently. The reported figures are per-system medians over the rounds.
+the baselines: transformers generate, or pytgi through its transformers fallback) serves the same
+fresh random prompts, one system at a time, never concurrently. The reported figures are
+per-system medians over the rounds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pytgi.benchmark.engine.trace import RunTrace
 from pytgi.benchmark.engine.workloads import Workload, random_prompts, warmup_workload
 
 BASELINES = ("hf_sequential", "hf_static")
+FALLBACK_BASELINE = "pytgi_transformers"  # pytgi on the same checkpoint through its fallback
 RATIO_METRICS = ("output_tok_s", "decode_tok_s", "prefill_tok_s", "ttft_p50_ms")
 
 Runner = Callable[[Workload, list[list[int]]], RunTrace]
@@ -45,6 +47,7 @@ class BenchOptions:
     seed: int = 0
     max_batch_prefill_tokens: int | None = None
     max_batch_size: int | None = None
+    model_implementation: str = "auto"  # "transformers": pytgi runs the transformers fallback
     sequential_sample: int = 4  # identical requests run one at a time before replaying; 0: all
     bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
     gemm_size: int = 2048  # square matrices multiplied to measure GEMM throughput
@@ -90,12 +93,14 @@ def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult
     start_s = time.perf_counter()
     model_dir = _model_dir(options.model_id)
     footprint = model_footprint(model_dir, options.dtype)
-    runners, hf_attn, close = _load_runners(options, model_dir)
-    result = BenchResult(options, machine_info(), footprint, hf_attn)
+    runners, hf_attn, device, close = _load_runners(options, model_dir)
+    result = BenchResult(options, machine_info(device), footprint, hf_attn)
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
         for workload in options.workloads:
-            case = _CaseRun(workload, _runners_for(workload, runners), options, vocab_size, log)
+            case = _CaseRun(
+                workload, _runners_for(workload, runners), options, vocab_size, log, device
+            )
             case.warm_up()
             roofline = case.measure_roofline()
             runs = {
@@ -112,25 +117,39 @@ def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult
 def _load_runners(options: BenchOptions, model_dir: Path):
     from pytgi.benchmark.engine.pytgi_runner import PytgiRunner, create_engine
 
-    threads = torch.get_num_threads()
-    core = create_engine(
-        str(model_dir),
-        options.dtype,
-        threads,
-        options.max_batch_prefill_tokens,
-        options.max_batch_size,
-    )
+    def engine(implementation: str):
+        return create_engine(
+            str(model_dir),
+            options.dtype,
+            torch.get_num_threads(),
+            options.max_batch_prefill_tokens,
+            options.max_batch_size,
+            implementation,
+        )
+
+    core = engine(options.model_implementation)
     _check_capacity(options, core.cache_info.max_total_tokens)
+    cores = [core]
+    device = core.cache_info.device  # the platform pytgi chose; the baseline runs there too
     runners: dict[str, Runner] = {"pytgi": PytgiRunner(core).run}
     hf_attn = None
-    if options.baselines:
+    hf_baselines = [name for name in options.baselines if name.startswith("hf_")]
+    if hf_baselines:
         from pytgi.benchmark.engine.hf_runner import HfRunner
 
-        hf = HfRunner(model_dir, options.dtype, options.sequential_sample)
+        hf = HfRunner(model_dir, options.dtype, options.sequential_sample, device)
         hf_attn = hf.attn_implementation
         available = {"hf_sequential": hf.run_sequential, "hf_static": hf.run_static}
-        runners.update({name: available[name] for name in options.baselines})
-    return runners, hf_attn, core.shutdown
+        runners.update({name: available[name] for name in hf_baselines})
+    if FALLBACK_BASELINE in options.baselines:
+        cores.append(engine("transformers"))
+        runners[FALLBACK_BASELINE] = PytgiRunner(cores[-1], FALLBACK_BASELINE).run
+
+    def close() -> None:
+        for each in cores:
+            each.shutdown()
+
+    return runners, hf_attn, device, close
 
 
 def _runners_for(workload: Workload, runners: dict[str, Runner]) -> dict[str, Runner]:
@@ -148,6 +167,7 @@ class _CaseRun:
     options: BenchOptions
     vocab_size: int
     log: Callable[[str], None]
+    device: str = "cpu"
 
     def warm_up(self) -> None:
         warm = warmup_workload(self.workload)
@@ -159,9 +179,13 @@ class _CaseRun:
                 runner(warm, prompts)
 
     def measure_roofline(self) -> MachineRoofline:
-        roofline = measure_machine(self.options.bandwidth_bytes, self.options.gemm_size)
+        options = self.options
+        roofline = measure_machine(
+            options.bandwidth_bytes, options.gemm_size, self.device, options.dtype
+        )
+        where = "GPU" if self.device == "cuda" else f"{roofline.num_threads} torch threads"
         self.log(
-            f"[{self.workload.name}] roofline with {roofline.num_threads} torch threads: "
+            f"[{self.workload.name}] roofline on {where}: "
             f"{roofline.bandwidth_gb_s:.1f} GB/s, {roofline.gemm_gflop_s:.1f} GFLOP/s"
         )
         return roofline

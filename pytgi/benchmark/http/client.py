@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import httpx
 
@@ -132,3 +133,27 @@ async def discover_model_name(
         models = body.get("data")
         model = models[0].get("id") if models and isinstance(models[0], dict) else None
     return model if isinstance(model, str) else None
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """A TGI-style server's per-request token limits, from `GET /info`."""
+
+    max_input_tokens: int
+    max_total_tokens: int
+
+
+async def discover_server_limits(base_url: str, api_key: str | None = None) -> ServerLimits | None:
+    """`max_input_tokens` / `max_total_tokens` from `GET /info` (TGI, pytgi); None elsewhere."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(base_url=normalize_base_url(base_url), timeout=5.0) as client:
+            body = (await client.get("/info", headers=headers)).json()
+    except (httpx.HTTPError, httpx.InvalidURL, json.JSONDecodeError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    max_input, max_total = body.get("max_input_tokens"), body.get("max_total_tokens")
+    if not (isinstance(max_input, int) and isinstance(max_total, int) and 0 < max_input):
+        return None
+    return ServerLimits(max_input, max_total)

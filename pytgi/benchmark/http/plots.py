@@ -3,7 +3,9 @@
 - throughput_latency.png: TTFT and inter-token latency (p50 and p90) against output tokens/s,
   one point per step, labelled with its load; the SLO as a dashed line.
 - ttft_distribution.png, itl_distribution.png: one box per step (box p25–p75, whiskers p1–p99,
-  median line, p90 diamond), steps ordered by load.
+  median line, p90 diamond), steps ordered by load. Every mark is the percentile of the results
+  table (`stats.percentile`), not matplotlib's whiskers, which stop at the last sample inside
+  the range (with few samples, far from the p99 the caption names).
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: 
     ax = fig.subplots()
     positions = [i for i, values in enumerate(samples, 1) if values]
     data = [values for values in samples if values]
-    ax.boxplot(data, positions=positions, whis=(1, 99), showfliers=False, widths=0.55,
-               patch_artist=True, boxprops={"facecolor": BOX_COLOR, "edgecolor": "#333333"},
-               medianprops={"color": MEDIAN_COLOR, "lw": 2})  # fmt: skip
+    ax.bxp([box_stats(values) for values in data], positions=positions, showfliers=False,
+           widths=0.55, patch_artist=True,
+           boxprops={"facecolor": BOX_COLOR, "edgecolor": "#333333"},
+           medianprops={"color": MEDIAN_COLOR, "lw": 2})  # fmt: skip
     p90 = [percentile(values, 90) for values in data]
     ax.plot([], [], color=MEDIAN_COLOR, lw=2, label="median")
     ax.plot(positions, p90, "D", color=P90_COLOR, ms=6, label="p90")
@@ -111,6 +114,18 @@ def _distribution(steps, samples, title: str, limit, slo: dict[str, Any], path: 
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
     _save(fig, path)
+
+
+def box_stats(values: list[float]) -> dict[str, Any]:
+    """A box at p25–p75 with whiskers at p1 and p99, as the plot's caption states."""
+    return {
+        "med": percentile(values, 50),
+        "q1": percentile(values, 25),
+        "q3": percentile(values, 75),
+        "whislo": percentile(values, 1),
+        "whishi": percentile(values, 99),
+        "fliers": [],
+    }
 
 
 def _y_range_with(ax, limit: float | None) -> None:

@@ -53,6 +53,10 @@ class QuantConfig(ABC):
         """The method for the linear layer at `prefix` (a format may leave some unquantized);
         `kernels` are the platform's compiled kernels for the model (None: reference path)."""
 
+    def get_lm_head_method(self, kernels) -> LinearMethod | None:
+        """The method of the LM head's vocabulary rows, or None to keep it in full precision."""
+        return None
+
 
 def set_weight_attrs(param: torch.nn.Parameter, **attrs) -> None:
     """Attach loader metadata (weight_loader, output_dim, input_dim) to a parameter."""

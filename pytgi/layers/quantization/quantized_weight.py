@@ -1,27 +1,93 @@
-"""`QuantizedWeight`: a linear weight held as integer codes with per-block scales (and mins).
+"""The quantized-weight types linear layers load: `QuantizedWeight` (integer codes with per-block
+scales along K, shared with the GGUF reader; /work/notes/quant_interface.md) and `CodebookWeight`
+(indices into a table of non-uniform code values: NF4, FP4, fp8 e4m3).
 
-Provisional copy written by the GGUF work (branch gguf) with exactly the interface of
-notes/quant_interface.md; the kernels work (branch quantk) owns this file and replaces it.
-
-Checkpoint readers (GGUF block decoders, on-the-fly quantizers) produce it; a linear layer's
-`LinearMethod` receives it through `weight_loader(param, quantized_weight, shard_id)` and repacks
-it into its kernel layout. It is never dequantised at load time: `dequantize` is the float32
-reference for tests.
+Both describe a logical [N, K] weight (N output features, K input features) and support the
+slicing tensor parallelism needs: output-feature rows narrow and concatenate exactly (TP shards
+of column-parallel layers, fused q/k/v and gate/up); input-feature columns narrow only on scale
+block boundaries (row-parallel shards), else a `ModelLoadError`. `shape` and `narrow(dim, ...)`
+let the layers' weight loaders slice them as they slice tensors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from pytgi.errors import ModelLoadError
 
 
+def expand_blocks(per_block: torch.Tensor, block_size: int, k: int) -> torch.Tensor:
+    """[N, blocks] -> [N, K]: each block's value repeated over its columns."""
+    return per_block.repeat_interleave(block_size, dim=1)[:, :k]
+
+
+class _BlockRows:
+    """Row / column slicing shared by the two weight types (fields codes, block_size, scales
+    and an optional mins; scales has one column per block of K, or one per row)."""
+
+    codes: torch.Tensor
+    block_size: int
+    scales: torch.Tensor
+    mins: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def per_channel(self) -> bool:
+        return self.scales.shape[1] == 1 and self.block_size >= self.codes.shape[1]
+
+    def narrow_rows(self, start: int, length: int):
+        return replace(
+            self,
+            codes=self.codes.narrow(0, start, length),
+            scales=self.scales.narrow(0, start, length),
+            mins=None if self.mins is None else self.mins.narrow(0, start, length),
+        )
+
+    def narrow_cols(self, start: int, length: int):
+        if self.per_channel:  # one scale per row holds for any column slice
+            return replace(self, codes=self.codes.narrow(1, start, length), block_size=length)
+        if start % self.block_size or length % self.block_size:
+            raise ModelLoadError(
+                f"Cannot shard a {self.source or 'quantized'} weight with blocks of "
+                f"{self.block_size} input features at [{start}, {start + length}): "
+                "the shard is not block-aligned"
+            )
+        b0, nb = start // self.block_size, length // self.block_size
+        return replace(
+            self,
+            codes=self.codes.narrow(1, start, length),
+            scales=self.scales.narrow(1, b0, nb),
+            mins=None if self.mins is None else self.mins.narrow(1, b0, nb),
+        )
+
+    def narrow(self, dim: int, start: int, length: int):
+        return self.narrow_rows(start, length) if dim == 0 else self.narrow_cols(start, length)
+
+    @classmethod
+    def cat_rows(cls, pieces: list):
+        first = pieces[0]
+        for p in pieces[1:]:
+            if p.layout_key() != first.layout_key():
+                raise ModelLoadError(
+                    f"Cannot concatenate quantized weights of formats {first.source} and "
+                    f"{p.source}: convert them to one kernel format first"
+                )
+        return replace(
+            first,
+            codes=torch.cat([p.codes for p in pieces]),
+            scales=torch.cat([p.scales for p in pieces]),
+            mins=None if first.mins is None else torch.cat([p.mins for p in pieces]),
+        )
+
+
 @dataclass
-class QuantizedWeight:
-    """A logical [N, K] linear weight (N output features, K input features) held as integer codes
-    with per-block dequantisation along K:
+class QuantizedWeight(_BlockRows):
+    """A logical [N, K] linear weight held as integer codes with per-block dequantisation along K:
 
         w[n, k] = scales[n, k // block_size] * codes[n, k]  (+ mins[n, k // block_size] if affine)
 
@@ -29,66 +95,70 @@ class QuantizedWeight:
     bit-for-bit what gguf's numpy `dequantize` gives.
     """
 
-    codes: torch.Tensor  # [N, K] int8 (symmetric types: signed values, e.g. -8..7 for
-    # Q4_0, -16..15 for Q5_0, -32..31 for Q6_K, -128..127 for Q8_0)
-    # or uint8 (affine types: 0..2**bits-1, e.g. Q4_1, Q5_1, Q4_K, Q5_K)
+    codes: torch.Tensor  # [N, K] int8 (symmetric: signed, e.g. -8..7 for Q4_0, -128..127 for
+    # Q8_0) or uint8 (affine: 0..2**bits-1, e.g. Q4_1, Q5_1, Q4_K, Q5_K)
     bits: int  # 4, 5, 6 or 8: the range the codes use
     block_size: int  # elements of K per scale: 16, 32, 64 or K (per channel)
     scales: torch.Tensor  # [N, K // block_size] float32
     mins: torch.Tensor | None  # [N, K // block_size] float32 for affine types, else None
-    source: str = ""  # e.g. "Q4_K", "bitsandbytes-nf4": for log lines and /info
+    source: str = ""  # e.g. "Q4_K", "eetq": for log lines and /info
+
+    def __post_init__(self) -> None:
+        n, k = self.codes.shape
+        if self.block_size <= 0 or k % self.block_size:
+            raise ModelLoadError(
+                f"{k} input features are not a whole number of {self.block_size}-wide blocks"
+            )
+        blocks = k // self.block_size
+        if tuple(self.scales.shape) != (n, blocks):
+            raise ModelLoadError(f"scales {tuple(self.scales.shape)} do not match [{n}, {blocks}]")
+        if self.mins is not None and self.mins.shape != self.scales.shape:
+            raise ModelLoadError("mins must have the shape of the scales")
+        expected = torch.uint8 if self.affine else torch.int8
+        if self.codes.dtype != expected:
+            raise ModelLoadError(
+                f"{'affine' if self.affine else 'symmetric'} codes must be {expected}"
+            )
+
+    @property
+    def affine(self) -> bool:
+        return self.mins is not None
+
+    def layout_key(self) -> tuple:
+        return (self.bits, self.block_size, self.affine)
 
     def dequantize(self) -> torch.Tensor:
-        """[N, K] float32 reference (tests only, never at load)."""
-        n, k = self.codes.shape
-        scales = self.scales.repeat_interleave(self.block_size, dim=1)  # [N, K]
-        w = scales * self.codes.to(torch.float32)
-        if self.mins is not None:
-            w = w + self.mins.repeat_interleave(self.block_size, dim=1)
-        return w.reshape(n, k)
+        """[N, K] float32 (tests and references only: never at load)."""
+        k = self.codes.shape[1]
+        scales = expand_blocks(self.scales.float(), self.block_size, k)
+        if self.mins is None:
+            return scales * self.codes.float()
+        mins = expand_blocks(self.mins.float(), self.block_size, k)
+        return (mins.double() + scales.double() * self.codes.double()).float()  # one rounding
 
-    def narrow_rows(self, start: int, length: int) -> QuantizedWeight:
-        """Output features [start, start + length): always exact (TP column shards)."""
-        return self._with(
-            self.codes.narrow(0, start, length),
-            self.scales.narrow(0, start, length),
-            None if self.mins is None else self.mins.narrow(0, start, length),
-        )
 
-    @classmethod
-    def cat_rows(cls, parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """Concatenate along output features (fused q/k/v, gate/up): same format required."""
-        first = parts[0]
-        for part in parts[1:]:
-            if (part.bits, part.block_size, part.codes.dtype, part.mins is None) != (
-                first.bits,
-                first.block_size,
-                first.codes.dtype,
-                first.mins is None,
-            ):
-                raise ModelLoadError(
-                    f"Cannot concatenate quantized weights of formats {first.source} and "
-                    f"{part.source}: convert them to one kernel format first"
-                )
-        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
-        return first._with(
-            torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), mins
-        )
+@dataclass
+class CodebookWeight(_BlockRows):
+    """A logical [N, K] weight as indices into a table of code values, scaled per block along K:
 
-    def narrow_cols(self, start: int, length: int) -> QuantizedWeight:
-        """Input features [start, start + length) (TP row shards): must be block-aligned."""
-        if start % self.block_size or length % self.block_size:
-            raise ModelLoadError(
-                f"Cannot shard a {self.source or 'quantized'} weight with blocks of "
-                f"{self.block_size} input features at [{start}, {start + length}): "
-                "the shard is not block-aligned"
-            )
-        first, count = start // self.block_size, length // self.block_size
-        return self._with(
-            self.codes.narrow(1, start, length),
-            self.scales.narrow(1, first, count),
-            None if self.mins is None else self.mins.narrow(1, first, count),
-        )
+        w[n, k] = scales[n, k // block_size] * table[codes[n, k]]  (float32, one rounding)
 
-    def _with(self, codes, scales, mins) -> QuantizedWeight:
-        return QuantizedWeight(codes, self.bits, self.block_size, scales, mins, self.source)
+    NF4 / FP4 (bitsandbytes: 4-bit indices, 64-wide blocks, absmax scales; the last block of a
+    row may be partial) and fp8 e4m3 (the byte is the index; one scale per output feature).
+    """
+
+    codes: torch.Tensor  # [N, K] uint8 indices into table
+    table: torch.Tensor  # [2 ** bits] float32
+    bits: int
+    block_size: int
+    scales: torch.Tensor  # [N, ceil(K / block_size)] float32
+    source: str = ""  # "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8"
+    mins: None = None
+
+    def layout_key(self) -> tuple:
+        return (self.source, self.bits, self.block_size)
+
+    def dequantize(self) -> torch.Tensor:
+        k = self.codes.shape[1]
+        scales = expand_blocks(self.scales.float(), self.block_size, k)
+        return scales * self.table[self.codes.long()]

@@ -19,6 +19,7 @@ using namespace pytgi;
 
 namespace pytgi {
 void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
+void register_quant(pybind11::module& m);         // quant_ops.cpp
 }
 
 // x [..., D] contiguous -> weight * x / sqrt(mean(x^2) + eps), per row (transformers' formula).
@@ -436,4 +437,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention_paged", &prefill_attention_paged,
         "causal (windowed) GQA attention of prefill rows over the paged cache (fp32)");
   register_decode_stack(m);
+  register_quant(m);
 }

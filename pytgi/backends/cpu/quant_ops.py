@@ -1,0 +1,87 @@
+"""Quantized linear products on CPU: the compiled kernels (csrc/quant_ops.cpp) when the caller
+holds them, else the pure-torch reference path, which always works.
+
+Two activation modes (the caller picks one per layer, see pytgi/layers/quantization/packed.py):
+- int8 activations: x quantised per row and 32-wide block to int8 (ties to even), integer dot
+  products, float epilogue per block. The kernels only; the torch function
+  `int8_acts_reference` computes the same product in float64 for the tests.
+- fp32 activations: exact weights (the dequantised values), fp32 math. Kernels: a dequantised
+  fp32 panel per 16-column tile under the fp32 packed-tile GEMM; torch: dequantised chunks of
+  output features under `torch.matmul`, never the whole matrix at once.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from pytgi.backends.cpu.quant_layout import (
+    GROUP,
+    INT4,
+    KBLOCK,
+    LUT4,
+    PackedQuantWeight,
+)
+from pytgi.utils.math import cdiv
+
+CHUNK_GROUPS = 256  # the torch path dequantises 2048 output features at a time
+
+
+def quant_linear(
+    x: torch.Tensor,
+    packed: PackedQuantWeight,
+    bias: torch.Tensor | None,
+    kernels: ModuleType | None,
+    int8_acts: bool,
+) -> torch.Tensor:
+    """x [M, K] float32 -> [M, N] = x @ W^T (+ bias)."""
+    if kernels is not None:
+        return kernels.quant_linear(x, *packed.kernel_args(), bias, int8_acts)
+    return torch_linear(x, packed, bias)
+
+
+def torch_linear(
+    x: torch.Tensor, packed: PackedQuantWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The reference path: fp32 activations against dequantised chunks of the weight."""
+    out = x.new_empty(x.shape[0], packed.n)  # [M, N]
+    for g0 in range(0, cdiv(packed.n, GROUP), CHUNK_GROUPS):
+        g1 = min(g0 + CHUNK_GROUPS, cdiv(packed.n, GROUP))
+        n0, n1 = g0 * GROUP, min(g1 * GROUP, packed.n)
+        w = packed.dequantize(g0, g1)[: n1 - n0]  # [n1 - n0, K]
+        torch.matmul(x, w.t(), out=out[:, n0:n1])
+    return out if bias is None else out + bias
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, Kp] int32 in -127..127, scale [M, KB] float32), exactly as the
+    kernels quantise: scale = max|x| / 127 per 32-wide block, q = round(x * (127 / max|x|))."""
+    m, k = x.shape
+    kp = cdiv(k, KBLOCK) * KBLOCK
+    blocks = torch.zeros(m, kp, dtype=torch.float32)
+    blocks[:, :k] = x
+    blocks = blocks.view(m, -1, KBLOCK)
+    amax = blocks.abs().amax(dim=2, keepdim=True)  # [M, KB, 1]
+    # a true division, as the kernels do: `127.0 / amax` would be reciprocal(amax) * 127 in torch,
+    # two roundings, which moves x * inv across a .5 now and then
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
+    q = torch.round(blocks * inv).int().view(m, kp)
+    return q, (amax / 127.0).squeeze(2)
+
+
+def int8_acts_reference(x: torch.Tensor, packed: PackedQuantWeight) -> torch.Tensor:
+    """The int8-activation product in float64: quantised activations times the weights the
+    integer kernels use (for 4-bit table codes the int8 table, round(127 t) / 127)."""
+    q, scale = quantize_activations(x)
+    x_eff = (q.double() * scale.double().repeat_interleave(KBLOCK, dim=1))[:, : packed.k]
+    codes, scales, mins = packed.unpack()
+    if packed.format == LUT4:
+        table_i8 = torch.round(packed.table * 127.0) / 127.0
+        values = table_i8.double()[codes.long()]
+    elif packed.format == INT4 and mins is None:
+        values = (codes - 8).double()
+    else:
+        values = codes.double()
+    w = values * scales.double() + (0.0 if mins is None else mins.double())
+    return x_eff @ w[: packed.n, : packed.k].t()

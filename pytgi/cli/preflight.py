@@ -1,0 +1,159 @@
+"""Checks the launcher (and `pytgi generate`) runs before it starts an engine, so that a mistake
+costs milliseconds, not a model load, and ends with one line naming the cause (`ConfigError`,
+`ModelLoadError`):
+
+- the HTTP port is free (it is bound here and handed to uvicorn, so nothing can take it during
+  warm-up);
+- `config.json` exists and is a JSON object naming its architecture (a hub model's is checked
+  before its weights are downloaded: `utils.hub.resolve_model_dir(check_config=...)`);
+- the architecture resolves (models/registry.py): natively, else to the transformers fallback
+  (an architecture of transformers' causal-LM table, or the checkpoint's own code with
+  --trust-remote-code), else refused;
+- the fallback's limits: one shard, no quantized checkpoint, text-only decoder models whose every
+  layer is attention (no encoder-decoder, multimodal or recurrent/state-space configs);
+- the weight files exist (safetensors, every shard an index names; pickle weights only with
+  --allow-pickle-weights).
+
+What needs the model itself (a tensor missing from the files, a parameter the attention backend
+cannot honour, a transformers model whose attention bypasses the attention interface) is checked
+when the engine builds the model, before any weight is read; the engine reports it in one line
+too.
+
+Torch-free: the launcher's process serves HTTP and never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.models.registry import NATIVE, TRANSFORMERS, resolve_architecture
+from pytgi.models.weights import find_weight_files
+
+# layer kinds the fallback's paged attention serves (transformers' `layer_types` spelling)
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+MULTIMODAL_KEYS = ("vision_config", "audio_config", "text_config")
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), not yet listening: connections are refused until uvicorn
+    listens on it after warm-up. Raises `ConfigError` when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"Cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Which implementation serves the checkpoint."""
+
+    architecture: str
+    implementation: str  # registry.NATIVE or registry.TRANSFORMERS
+
+    @property
+    def description(self) -> str:
+        kind = "native" if self.implementation == NATIVE else "transformers fallback"
+        return f"{self.architecture} ({kind} implementation)"
+
+
+def check_model_dir(
+    model_dir: Path,
+    *,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    allow_pickle_weights: bool = False,
+    num_shard: int = 1,
+) -> ModelPlan:
+    """The plan for serving `model_dir`; raises `ModelLoadError` with the cause."""
+    plan = check_model_config(
+        model_dir,
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
+        num_shard=num_shard,
+    )
+    find_weight_files(Path(model_dir), allow_pickle_weights)
+    return plan
+
+
+def check_model_config(
+    model_dir: Path,
+    *,
+    implementation: str = "auto",
+    trust_remote_code: bool = False,
+    num_shard: int = 1,
+) -> ModelPlan:
+    """The checks of config.json alone (a hub model's before its weights are downloaded)."""
+    config = read_config(Path(model_dir))
+    plan = plan_model(config, implementation, trust_remote_code)
+    if plan.implementation == TRANSFORMERS:
+        check_fallback_config(config, plan.architecture, num_shard)
+    return plan
+
+
+def read_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"No config.json in {model_dir}: not a model directory")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"Cannot read {path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} is not a JSON object")
+    return config
+
+
+def plan_model(
+    config: dict, implementation: str = "auto", trust_remote_code: bool = False
+) -> ModelPlan:
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        architectures = None
+    remote = "AutoModelForCausalLM" in (config.get("auto_map") or {})
+    try:
+        architecture, entry = resolve_architecture(
+            architectures, implementation, remote_code=trust_remote_code and remote
+        )
+    except ModelLoadError as err:
+        if remote and not trust_remote_code:
+            raise ModelLoadError(
+                f"{err.message}; this checkpoint ships its own modeling code (auto_map), which "
+                "runs only with --trust-remote-code"
+            ) from None
+        raise
+    return ModelPlan(architecture, entry.implementation)
+
+
+def check_fallback_config(config: dict, architecture: str, num_shard: int) -> None:
+    """What the transformers fallback cannot serve, read from config.json."""
+    served = f"{architecture} runs on the transformers fallback, which"
+    if num_shard > 1:
+        raise ModelLoadError(f"{served} does not shard: use --num-shard 1 (got {num_shard})")
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ModelLoadError(f"{served} does not run quantized checkpoints ({method or 'yes'})")
+    if config.get("is_encoder_decoder"):
+        raise ModelLoadError(f"{served} serves decoder-only models (this is encoder-decoder)")
+    multimodal = [key for key in MULTIMODAL_KEYS if key in config]
+    if multimodal:
+        raise ModelLoadError(
+            f"{served} serves text-only models (config.json has {', '.join(multimodal)})"
+        )
+    layer_types = config.get("layer_types") or []
+    other = sorted({t for t in layer_types if t not in ATTENTION_LAYER_TYPES}, key=str)
+    if other:
+        raise ModelLoadError(
+            f"{served} serves models whose every layer is attention on the KV cache "
+            f"(config.json's layer_types has {', '.join(map(str, other))})"
+        )

@@ -1,0 +1,105 @@
+"""The quantized linear methods, one per CPU kernel family (csrc/quant.h), and the on-the-fly
+quantisation each uses for full-precision checkpoints.
+
+- `Int8LinearMethod`: int8 codes, any scale block (16, 32, 64, per column), symmetric or affine:
+  eetq, bitsandbytes LLM.int8 (with its outlier columns), and every uniform code up to 8 bits
+  (GGUF Q8_0, Q5_x, Q6_K, and mixes of them with 4-bit shards);
+- `Int4LinearMethod`: 4-bit codes with 32-multiple blocks, symmetric or affine (Q4_0, Q4_1, Q4_K);
+- `CodebookLinearMethod`: 4-bit table codes (bitsandbytes NF4 / FP4) through a lookup kernel;
+- `Fp8LinearMethod`: e4m3 bytes with per-channel scales, fp32 activations only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+from pytgi.backends.cpu.quant_layout import PackedQuantWeight
+from pytgi.layers.quantization.packed import (
+    FP32_ACTIVATIONS,
+    ActivationPolicy,
+    PackedLinearMethod,
+    Piece,
+)
+from pytgi.layers.quantization.packing import pack_codebook, pack_int4, pack_int8
+from pytgi.layers.quantization.quantizers import quantize_codebook, quantize_fp8
+
+Quantizer = Callable[[torch.Tensor], Piece]
+
+
+class _OnTheFly(PackedLinearMethod):
+    def __init__(
+        self,
+        kernels: ModuleType | None,
+        policy: ActivationPolicy = ActivationPolicy(),
+        quantizer: Quantizer | None = None,
+    ):
+        super().__init__(kernels, policy)
+        self.quantizer = quantizer
+
+    def quantize(self, weight: torch.Tensor) -> Piece:
+        if self.quantizer is None:
+            return super().quantize(weight)
+        return self.quantizer(weight)
+
+
+class Int8LinearMethod(_OnTheFly):
+    """int8 codes. With `outlier_threshold` > 0 (LLM.int8), activation columns holding any
+    |x| >= threshold skip the int8 activation path: those columns multiply the dequantised
+    weight columns in fp32 (bitsandbytes' mixed decomposition)."""
+
+    family = "int8"
+
+    def __init__(self, kernels, policy=ActivationPolicy(), quantizer=None, outlier_threshold=0.0):
+        super().__init__(kernels, policy, quantizer)
+        self.outlier_threshold = outlier_threshold
+
+    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
+        return pack_int8(pieces)
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.outlier_threshold <= 0 or not self._int8(x):
+            return super().apply(layer, x, bias)
+        outliers = (x.abs() >= self.outlier_threshold).any(dim=0).nonzero().squeeze(1)  # [C]
+        if outliers.numel() == 0:
+            return super().apply(layer, x, bias)
+        inliers = x.index_fill(1, outliers, 0.0)  # [T, in]
+        y = super().apply(layer, inliers, bias)  # [T, out]
+        columns = layer.quant_packed.columns(outliers)  # [out, C]
+        return y.addmm_(x.index_select(1, outliers), columns.t())
+
+    def _int8(self, x: torch.Tensor) -> bool:
+        return self.kernels is not None and self.policy.int8_acts(x.shape[0])
+
+
+class Int4LinearMethod(_OnTheFly):
+    family = "int4"
+
+    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
+        return pack_int4(pieces)
+
+
+class CodebookLinearMethod(_OnTheFly):
+    """bitsandbytes NF4 / FP4: 64-wide blocks, absmax scales, the format's code table."""
+
+    family = "codebook"
+
+    def __init__(self, kernels, policy=ActivationPolicy(), name: str = "nf4", block_size=64):
+        super().__init__(kernels, policy, lambda w: quantize_codebook(w, name, block_size))
+
+    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
+        return pack_codebook(pieces[0].cat_rows(pieces))
+
+
+class Fp8LinearMethod(_OnTheFly):
+    """e4m3 codes, one scale per output feature; the kernels dequantise to fp32 panels."""
+
+    family = "fp8"
+
+    def __init__(self, kernels, policy=FP32_ACTIVATIONS):
+        super().__init__(kernels, FP32_ACTIVATIONS, quantize_fp8)
+
+    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
+        return pack_codebook(pieces[0].cat_rows(pieces))

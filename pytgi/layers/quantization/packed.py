@@ -1,0 +1,164 @@
+"""The base of the quantized CPU linear methods: load shards, pack them, multiply.
+
+Loading: the method registers a placeholder `weight` parameter whose loader hands the layer's own
+`weight_loader` a `ShardCollector` in place of the weight tensor. The layer's code then slices
+exactly as it does for dense tensors (TP rank, fused q/k/v and gate/up offsets) and `copy_`s each
+piece into the collector: a float tensor is quantised on arrival (so at most one checkpoint
+tensor is ever held in float), a `QuantizedWeight` / `CodebookWeight` is kept as it is (its
+`narrow` does the TP slicing: rows exact, columns on block boundaries). Once every row of the
+layer has arrived the pieces are packed into one kernel layout and dropped.
+
+Multiplying: `quant_linear` with the kernel module the method was built with (None: the
+pure-torch reference path), int8 or fp32 activations by the method's `ActivationPolicy`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from pytgi.backends.cpu.quant_layout import FORMAT_NAMES, PackedQuantWeight
+from pytgi.backends.cpu.quant_ops import quant_linear
+from pytgi.errors import ModelLoadError
+from pytgi.layers.quantization.base import LinearMethod, set_weight_attrs
+from pytgi.layers.quantization.quantized_weight import CodebookWeight, QuantizedWeight
+
+logger = logging.getLogger(__name__)
+
+Piece = QuantizedWeight | CodebookWeight
+
+
+@dataclass(frozen=True)
+class ActivationPolicy:
+    """Which activation mode a layer runs at M rows: int8 from `int8_from_rows` rows on (None:
+    never). int8 activations are exact integer products of rounded activations; fp32 activations
+    use the weights' exact values (docs/PERFORMANCE.md, "Quantized kernels", has the trade-off)."""
+
+    int8_from_rows: int | None = 1
+
+    def int8_acts(self, rows: int) -> bool:
+        return self.int8_from_rows is not None and rows >= self.int8_from_rows
+
+
+FP32_ACTIVATIONS = ActivationPolicy(None)
+
+
+class ShardCollector:
+    """Stands in for a layer's local weight [N, K] in its weight loader: `narrow(0, ...)` selects
+    rows, `copy_(piece)` records a piece (a float tensor is quantised by `quantize`) at its row
+    offset, and `on_complete(pieces)` runs once all N rows are in."""
+
+    def __init__(self, n: int, k: int, quantize: Callable, on_complete: Callable):
+        self._n, self._k = n, k
+        self._quantize, self._on_complete = quantize, on_complete
+        self._pieces: dict[int, Piece] = {}
+        self._offset, self._rows = 0, n
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self._rows, self._k])
+
+    def narrow(self, dim: int, start: int, length: int) -> ShardCollector:
+        assert dim == 0, "the layers narrow their weight along output features only"
+        view = object.__new__(ShardCollector)
+        view.__dict__.update(self.__dict__)
+        view._offset, view._rows = self._offset + start, length
+        return view
+
+    def copy_(self, src) -> None:
+        if tuple(src.shape) != (self._rows, self._k):
+            raise ModelLoadError(
+                f"shard {tuple(src.shape)} does not fit rows of {tuple(self.shape)}"
+            )
+        piece = src if isinstance(src, Piece) else self._quantize(src)
+        self._pieces[self._offset] = piece
+        if sum(p.shape[0] for p in self._pieces.values()) == self._n:
+            pieces = [self._pieces[o] for o in sorted(self._pieces)]
+            self._pieces.clear()
+            self._on_complete(pieces)
+
+    @property
+    def missing_rows(self) -> int:
+        return self._n - sum(p.shape[0] for p in self._pieces.values())
+
+
+class PackedLinearMethod(LinearMethod):
+    """A quantized linear layer on the CPU kernels. Subclasses give `quantize` (on-the-fly, from
+    a float tensor) and `pack` (pieces -> PackedQuantWeight)."""
+
+    family = "quantized"
+
+    def __init__(self, kernels: ModuleType | None, policy: ActivationPolicy = ActivationPolicy()):
+        self.kernels = kernels  # the compiled CPU ops, or None for the torch reference path
+        self.policy = policy
+
+    def quantize(self, weight: torch.Tensor) -> Piece:
+        raise ModelLoadError(f"the {self.family} method loads pre-quantized weights only")
+
+    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
+        raise NotImplementedError
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       params_dtype, weight_loader) -> None:  # fmt: skip
+        n, k = sum(output_partition_sizes), input_size_per_partition
+
+        def finish(pieces: list[Piece]) -> None:
+            layer.quant_packed = self._pack_logged(pieces, getattr(layer, "prefix", ""))
+
+        collector = ShardCollector(n, k, self.quantize, finish)
+        placeholder = nn.Parameter(torch.empty(0), requires_grad=False)
+        stand_in = _LoaderParam(collector)
+
+        def load(param, loaded, shard_id=None) -> None:
+            args = (stand_in, loaded) if shard_id is None else (stand_in, loaded, shard_id)
+            weight_loader(*args)
+
+        set_weight_attrs(placeholder, weight_loader=load, output_dim=0, input_dim=1)
+        layer.register_parameter("weight", placeholder)
+        layer.quant_collector = collector
+        layer.quant_packed = None
+
+    def _pack_logged(self, pieces: list[Piece], prefix: str) -> PackedQuantWeight:
+        packed = self.pack(pieces)
+        kinds = {p.layout_key() for p in pieces}
+        if len(kinds) > 1 or not isinstance(pieces[0], QuantizedWeight) or pieces[0].bits > 4:
+            logger.debug(
+                "%s: %s -> %s kernel (scale block %s)", prefix or "linear", packed.source,
+                FORMAT_NAMES[packed.format], packed.scale_block or "per column",
+            )  # fmt: skip
+        if len(kinds) > 1:
+            logger.info("%s: converted %s to one %s kernel", prefix, packed.source,
+                        FORMAT_NAMES[packed.format])  # fmt: skip
+        return packed
+
+    def process_weights_after_loading(self, layer) -> None:
+        if layer.quant_packed is None:
+            raise ModelLoadError(
+                f"{getattr(layer, 'prefix', '') or 'a quantized linear'}: "
+                f"{layer.quant_collector.missing_rows} output rows were never loaded"
+            )
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x if x.stride(-1) == 1 else x.contiguous()  # [T, in]
+        int8 = self.policy.int8_acts(x.shape[0]) and self.kernels is not None
+        return quant_linear(x, layer.quant_packed, bias, self.kernels, int8)  # [T, out]
+
+    def rows(self, layer, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the dequantised weight [T, K] (a tied embedding's lookup)."""
+        packed = layer.quant_packed
+        if self.kernels is not None:
+            return self.kernels.quant_rows(ids.contiguous(), *packed.kernel_args())
+        return packed.rows(ids)
+
+
+class _LoaderParam:
+    """What a layer's weight_loader reads from its parameter: data, output_dim, input_dim."""
+
+    def __init__(self, collector: ShardCollector):
+        self.data = collector
+        self.output_dim, self.input_dim = 0, 1

@@ -1,0 +1,123 @@
+"""TGI's `--quantize` values -> `QuantConfig`s on the CPU kernels, and the checks that refuse an
+unsupported combination at start-up (never a silent fallback).
+
+On-the-fly quantisation of a full-precision checkpoint (each with its format's arithmetic, see
+quantizers.py): `eetq` (int8 per channel, weight-only), `bitsandbytes` (LLM.int8: int8 per row,
+activation columns above 6.0 in fp32), `bitsandbytes-nf4` / `bitsandbytes-fp4` (64-wide blocks,
+absmax scales, the code tables), `fp8` (e4m3, per-channel scales). Every linear layer uses it;
+the LM head stays in full precision as in TGI (its on-the-fly methods load the head through a
+path that is not quantization-aware) unless PYTGI_QUANTIZE_LM_HEAD=1, which quantizes it too (a
+tied embedding then dequantises the rows it looks up): fewer bytes per decode step, at an
+accuracy cost measured in docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from types import ModuleType
+
+import torch
+
+from pytgi import envs
+from pytgi.errors import ConfigError
+from pytgi.layers.quantization.base import LinearMethod, QuantConfig
+from pytgi.layers.quantization.cpu_methods import (
+    CodebookLinearMethod,
+    Fp8LinearMethod,
+    Int8LinearMethod,
+)
+from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, ActivationPolicy
+from pytgi.layers.quantization.quantizers import quantize_per_channel_int8
+
+LLM_INT8_THRESHOLD = 6.0  # bitsandbytes' default outlier threshold (TGI's too)
+# int8 activations at every row count: faster than fp32 activations at every measured shape
+# (docs/PERFORMANCE.md, "Quantized kernels"), and one arithmetic per row whatever the batch
+DEFAULT_POLICY = ActivationPolicy(int8_from_rows=1)
+POLICIES = {"int8": DEFAULT_POLICY, "fp32": FP32_ACTIVATIONS}
+
+
+def activation_policy() -> ActivationPolicy:
+    """The policy PYTGI_QUANT_ACTIVATIONS names (int8 by default)."""
+    name = envs.quant_activations()
+    if name not in POLICIES:
+        raise ConfigError(f"PYTGI_QUANT_ACTIVATIONS must be one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+class OnTheFlyQuantConfig(QuantConfig):
+    """One `--quantize` method: a fresh LinearMethod per layer from `make_method(kernels)`, the
+    kernels being the platform's compiled module for the model (None: the torch path)."""
+
+    def __init__(
+        self,
+        name: str,
+        make_method: Callable[[ModuleType | None], LinearMethod],
+        quantize_lm_head: bool = False,
+    ):
+        self.name = name
+        self._make_method = make_method
+        self.quantize_lm_head = quantize_lm_head
+
+    def get_linear_method(self, prefix: str, kernels) -> LinearMethod:
+        return self._make_method(kernels)
+
+    def get_lm_head_method(self, kernels) -> LinearMethod | None:
+        return self._make_method(kernels) if self.quantize_lm_head else None
+
+
+def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
+    """--quantize name -> (kernels -> LinearMethod)."""
+    eetq = partial(quantize_per_channel_int8, source="eetq")
+    llm_int8 = partial(quantize_per_channel_int8, source="bitsandbytes")
+    return {
+        "eetq": lambda kernels: Int8LinearMethod(kernels, policy, eetq),
+        "bitsandbytes": lambda kernels: Int8LinearMethod(
+            kernels, policy, llm_int8, outlier_threshold=LLM_INT8_THRESHOLD
+        ),
+        "bitsandbytes-nf4": lambda kernels: CodebookLinearMethod(kernels, policy, "nf4"),
+        "bitsandbytes-fp4": lambda kernels: CodebookLinearMethod(kernels, policy, "fp4"),
+        "fp8": lambda kernels: Fp8LinearMethod(kernels),
+    }
+
+
+SUPPORTED_QUANTIZE = tuple(_factories(DEFAULT_POLICY))
+
+
+def quant_config_for(
+    name: str,
+    policy: ActivationPolicy | None = None,
+    quantize_lm_head: bool | None = None,
+) -> QuantConfig:
+    """The QuantConfig of `--quantize name`, with the activation policy given (default:
+    `activation_policy()`) and the LM head quantized or not (default: PYTGI_QUANTIZE_LM_HEAD,
+    off)."""
+    factories = _factories(policy or activation_policy())
+    if name not in factories:
+        raise ConfigError(
+            f"--quantize {name} is not supported on CPU by pytgi "
+            f"(supported: {', '.join(SUPPORTED_QUANTIZE)})"
+        )
+    if quantize_lm_head is None:
+        quantize_lm_head = envs.quantize_lm_head()
+    return OnTheFlyQuantConfig(name, factories[name], quantize_lm_head)
+
+
+def resolve_quant_config(
+    quantize: str | None, checkpoint_method: str | None, dtype: torch.dtype
+) -> QuantConfig | None:
+    """`--quantize` and the checkpoint's `quantization_config.quant_method` -> the config, or a
+    ConfigError naming what cannot run together."""
+    if checkpoint_method is not None:
+        raise ConfigError(
+            f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
+            + (f" (and --quantize {quantize} cannot re-quantize them)" if quantize else "")
+        )
+    if quantize is None:
+        return None
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
+            f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
+        )
+    return quant_config_for(quantize)

@@ -1,0 +1,172 @@
+"""Time the quantized CPU linear kernels against the fp32 packed-tile GEMM, with the machine's
+read bandwidth and fp32 GEMM rate measured in the same run, with the same clock.
+
+For each layer shape (SmolLM-135M's and Llama-3.2-1B's), row count M and weight format: µs per
+call, GB/s of weight bytes (the packed codes + scales + mins, as stored), GFLOP/s (2 M N K per
+call), the speed-up over the fp32 packed GEMM, and at M = 1 the fraction of the bandwidth bound
+(GB/s / measured read bandwidth). Each format runs with int8 activations (`i8`) and fp32
+activations (`f32`). At M < 16 the weights rotate through >= --rotation-mb of copies so that
+every call streams them from DRAM, as a decode step does; larger M is compute-bound and uses two.
+
+Methods are measured interleaved (one pass of each per repeat) and the best pass is kept. With
+one thread the default clock is the thread's CPU time (`--clock cpu`), which a descheduled
+process does not accumulate: on a shared machine it measures the kernels, not the neighbours
+(memory bandwidth is still shared). `--clock wall` for wall time.
+
+    OMP_WAIT_POLICY=PASSIVE python scripts/bench_cpu_quant.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from pytgi.backends.cpu.kernels import load_cpu_kernels
+from pytgi.backends.cpu.quant_layout import FP8, PackedQuantWeight
+from pytgi.layers.quantization.packing import pack_codebook, pack_quantized
+from pytgi.layers.quantization.quantizers import (
+    quantize_codebook,
+    quantize_fp8,
+    quantize_per_channel_int8,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q8_0,
+)
+from pytgi.layers.quantization.unquantized import pack_column_tiles
+
+SHAPES = {  # name: (out N, in K)
+    "smol qkv": (960, 576),
+    "smol o": (576, 576),
+    "smol gate_up": (3072, 576),
+    "smol down": (576, 1536),
+    "smol lm_head": (49152, 576),
+    "1b qkv": (3072, 2048),
+    "1b o": (2048, 2048),
+    "1b gate_up": (16384, 2048),
+    "1b down": (2048, 8192),
+}
+
+# name: weight [N, K] float32 -> PackedQuantWeight
+FORMATS = {
+    "q8_0": lambda w: pack_quantized([quantize_q8_0(w)]),
+    "int8 chan": lambda w: pack_quantized([quantize_per_channel_int8(w)]),
+    "q4_0": lambda w: pack_quantized([quantize_q4_0(w)]),
+    "q4_1": lambda w: pack_quantized([quantize_q4_1(w)]),
+    "nf4": lambda w: pack_codebook(quantize_codebook(w, "nf4", 64)),
+    "fp8": lambda w: pack_codebook(quantize_fp8(w)),
+}
+
+
+def best_pass_s(fn, items: list, clock) -> float:
+    """One pass of fn over items, in seconds per call."""
+    start = clock()
+    for item in items:
+        fn(item)
+    return (clock() - start) / len(items)
+
+
+def measure_roofline(clock, repeats: int = 5) -> tuple[float, float]:
+    """(read GB/s of a sum over 1 GiB of fp32, fp32 torch.mm GFLOP/s at 2048^2), best of N."""
+    data = torch.ones(2**28)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    data.sum(), torch.mm(a, b)
+    read = min(best_pass_s(lambda _: data.sum(), [0], clock) for _ in range(repeats))
+    gemm = min(best_pass_s(lambda _: torch.mm(a, b), [0], clock) for _ in range(repeats))
+    return 2**30 / read / 1e9, 2 * 2048**3 / gemm / 1e9
+
+
+def copies_for(num_bytes: int, rows: int, rotation_mb: int) -> int:
+    return max(2, rotation_mb * 2**20 // num_bytes) if rows < 16 else 2
+
+
+def row(name, m, label, seconds, num_bytes, n, k, bandwidth, fp32_s) -> str:
+    gb_s = num_bytes / seconds / 1e9
+    gflop_s = 2 * m * n * k / seconds / 1e9
+    bound = f"{gb_s / bandwidth:.2f}" if m == 1 else ""
+    return (
+        f"| {name} | {m} | {label} | {seconds * 1e6:,.0f} | {gb_s:.1f} | {gflop_s:.1f} | "
+        f"{fp32_s / seconds:.2f}× | {bound} |"
+    )
+
+
+def bench_shape(ops, name, n, k, rows, args, bandwidth, clock) -> None:
+    base = torch.randn(n, k) * 0.05
+    formats = {label: make(base) for label, make in FORMATS.items() if label in args.formats}
+    for m in rows:
+        x = torch.randn(m, k)
+        count = copies_for(n * k * 4, m, args.rotation_mb)
+        cases = {"fp32 packed": (n * k * 4, _fp32_call(ops, x), [pack_column_tiles(base)] * count)}
+        for label, packed in formats.items():
+            copies = [_clone(packed) for _ in range(copies_for(packed.nbytes, m, args.rotation_mb))]
+            for int8_acts in (False,) if packed.format == FP8 else (True, False):
+                mode = "i8" if int8_acts else "f32"
+                cases[f"{label} {mode}"] = (packed.nbytes, _quant_call(ops, x, int8_acts), copies)
+        if count > 2:  # distinct fp32 copies too, so that they stream from DRAM
+            cases["fp32 packed"] = (
+                n * k * 4,
+                cases["fp32 packed"][1],
+                [pack_column_tiles(base + i * 1e-3) for i in range(count)],
+            )
+        best = {label: float("inf") for label in cases}
+        for _ in range(args.repeats + 1):  # the first pass warms up
+            for label, (_, fn, items) in cases.items():
+                best[label] = min(best[label], best_pass_s(fn, items, clock))
+        for label, (num_bytes, _, _) in cases.items():
+            print(row(name, m, label, best[label], num_bytes, n, k, bandwidth, best["fp32 packed"]))
+        del cases
+
+
+def _fp32_call(ops, x):
+    return lambda w: ops.linear_packed(x, w, None)
+
+
+def _quant_call(ops, x, int8_acts):
+    return lambda w: ops.quant_linear(x, *w.kernel_args(), None, int8_acts)
+
+
+def _clone(p: PackedQuantWeight) -> PackedQuantWeight:
+    return PackedQuantWeight(
+        p.format, p.n, p.k, p.codes.clone(), p.scales.clone(),
+        None if p.mins is None else p.mins.clone(), p.table, p.scale_block, p.source,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rotation-mb", type=int, default=256)
+    parser.add_argument("--rows", default="1,4,16,256")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default=None)
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated names")
+    args = parser.parse_args()
+    args.formats = args.formats.split(",")
+    torch.set_num_threads(args.threads)
+    clock_name = args.clock or ("cpu" if args.threads == 1 else "wall")
+    if clock_name == "cpu" and args.threads != 1:
+        raise SystemExit("--clock cpu measures one thread: use --threads 1")
+    clock = time.thread_time if clock_name == "cpu" else time.perf_counter
+    ops = load_cpu_kernels()
+    if ops is None:
+        raise SystemExit("the CPU kernels did not build (see the log)")
+    bandwidth, gemm = measure_roofline(clock)
+    print(
+        f"threads {args.threads}, clock {clock_name}, quant kernels {ops.quant_isa()}: "
+        f"read bandwidth {bandwidth:.1f} GB/s, fp32 GEMM {gemm:.1f} GFLOP/s\n"
+    )
+    print("| layer | M | kernel | µs | GB/s | GFLOP/s | vs fp32 | BW frac |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = [int(r) for r in args.rows.split(",")]
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        shape_rows = [r for r in rows if n < 40000 or r <= 16]
+        bench_shape(ops, f"{name} {n}×{k}", n, k, shape_rows, args, bandwidth, clock)
+    again = measure_roofline(clock)
+    print(f"\nafter: read bandwidth {again[0]:.1f} GB/s, fp32 GEMM {again[1]:.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The quantized linear kernels (csrc/quant_*.cpp) against each other and against torch: every ISA
+table (AVX2 where this CPU has it, and the portable scalar table) on every weight format, scale
+block and affine flag, on odd shapes (N not a multiple of 16, K not a multiple of 32, 1..17 and
+300 rows). With int8 activations the tables agree bit for bit and match a float64 reference of
+the same quantised activations; with fp32 activations they match x @ W_dequantised^T; the pure
+torch path matches both; layouts round-trip; bad arguments are errors, never crashes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytgi.backends.cpu import kernels
+from pytgi.backends.cpu.quant_layout import (
+    FP8,
+    INT4,
+    INT8,
+    LUT4,
+    PackedQuantWeight,
+    pack_codes,
+    pack_scales,
+    unpack_codes,
+)
+from pytgi.backends.cpu.quant_ops import int8_acts_reference, quantize_activations, torch_linear
+from pytgi.layers.quantization.quantizers import code_table
+from pytgi.utils.math import cdiv
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = kernels.load_cpu_kernels()
+    assert module is not None, "the CPU kernels failed to build"
+    return module
+
+
+@pytest.fixture(scope="module")
+def isas(ops):
+    return ["scalar"] + (["avx2"] if ops.quant_isa() == "avx2" else [])
+
+
+def random_codes(fmt: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    if fmt == INT8:
+        return torch.randint(-128, 128, (n, k), generator=g)
+    if fmt == FP8:  # any byte but the two NaNs
+        codes = torch.randint(0, 256, (n, k), generator=g)
+        return torch.where((codes & 0x7F) == 0x7F, 0, codes)
+    return torch.randint(0, 16, (n, k), generator=g)
+
+
+def random_weight(fmt, n, k, block, affine=False, half=False, table="nf4", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    kb = cdiv(k, 32)
+    rows = {16: 2 * kb, 32: kb, 64: cdiv(kb, 2), 0: 1}[block]
+    scales = torch.rand(n, rows, generator=g) * 0.1 + 0.01
+    mins = torch.randn(n, rows, generator=g) * 0.05 if affine else None
+    if half:
+        scales = scales.half().float()
+        mins = None if mins is None else mins.half().float()
+    return PackedQuantWeight(
+        format=fmt,
+        n=n,
+        k=k,
+        codes=pack_codes(random_codes(fmt, n, k, g), fmt),
+        scales=pack_scales(scales, half),
+        mins=None if mins is None else pack_scales(mins, half),
+        table=code_table(table) if fmt == LUT4 else None,
+        scale_block=block,
+    )
+
+
+# (format, scale block, affine, float16 scales, N, K)
+CASES = [
+    (INT8, 32, False, True, 40, 96),
+    (INT8, 32, True, False, 37, 64),
+    (INT8, 16, False, True, 24, 160),
+    (INT8, 16, True, True, 21, 96),
+    (INT8, 64, False, False, 40, 96),
+    (INT8, 0, False, False, 33, 70),
+    (INT4, 32, False, True, 40, 128),
+    (INT4, 32, True, True, 19, 96),
+    (INT4, 64, False, False, 48, 160),
+    (INT4, 0, True, False, 16, 40),
+    (LUT4, 64, False, False, 45, 128),
+    (LUT4, 32, False, True, 16, 96),
+    (FP8, 0, False, False, 29, 77),
+]
+ROWS = [1, 2, 3, 4, 5, 17]
+
+
+def case_id(case) -> str:
+    fmt, block, affine, half, n, k = case
+    name = {INT8: "int8", INT4: "int4", LUT4: "lut4", FP8: "fp8"}[fmt]
+    return f"{name}-b{block}{'-affine' if affine else ''}{'-f16' if half else ''}-{n}x{k}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_layout_round_trip_and_rows(ops, isas, case):
+    fmt, block, affine, half, n, k = case
+    g = torch.Generator().manual_seed(1)
+    codes = random_codes(fmt, n, k, g)
+    unpacked = unpack_codes(pack_codes(codes, fmt), fmt)
+    assert torch.equal(unpacked[:n, :k], codes.int())
+    assert not unpacked[n:].any() and not unpacked[:, k:].any()  # zero padding
+    w = random_weight(fmt, n, k, block, affine, half)
+    dense = w.dequantize()[:n]
+    ids = torch.tensor([0, n - 1, n // 2, 0, 7 % n])
+    for isa in isas:  # the kernels' dequantisation is exact: equal to the torch reference
+        assert torch.equal(ops.quant_rows(torch.arange(n), *w.kernel_args(), isa=isa), dense)
+        assert torch.equal(ops.quant_rows(ids, *w.kernel_args(), isa=isa), dense[ids])
+    assert torch.equal(w.rows(ids), dense[ids])
+    cols = torch.tensor(sorted({0, 1, 15, 16, 31, k - 1, k // 2}))
+    assert torch.equal(w.columns(cols), dense[:, cols])
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fp32_activations_match_dequantised_matmul(ops, isas, case):
+    fmt, block, affine, half, n, k = case
+    w = random_weight(fmt, n, k, block, affine, half, seed=2)
+    dense = w.dequantize()[:n].double()
+    bias = torch.randn(n)
+    for m in ROWS + [300]:
+        x = torch.randn(m, k)
+        expected = x.double() @ dense.t() + bias.double()
+        scale = expected.abs().max()
+        assert ((torch_linear(x, w, bias).double() - expected).abs().max() / scale) < 2e-6
+        for isa in isas:
+            for direct_rows in (0, 8, 1000):  # panels, the default split, registers only
+                y = ops.quant_linear(
+                    x, *w.kernel_args(), bias, False, isa=isa, direct_rows=direct_rows
+                )
+                assert ((y.double() - expected).abs().max() / scale) < 2e-6, (isa, m)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != FP8], ids=case_id)
+def test_int8_activations_bit_exact_across_isas(ops, isas, case):
+    fmt, block, affine, half, n, k = case
+    w = random_weight(fmt, n, k, block, affine, half, seed=3)
+    bias = torch.randn(n)
+    for m in ROWS + [300]:
+        x = torch.randn(m, k) * torch.rand(m, 1) * 3  # rows of different ranges
+        results = [ops.quant_linear(x, *w.kernel_args(), bias, True, isa=isa) for isa in isas]
+        for y in results[1:]:
+            assert torch.equal(y, results[0])
+        expected = int8_acts_reference(x, w) + bias.double()
+        scale = expected.abs().max()
+        assert ((results[0].double() - expected).abs().max() / scale) < 2e-6
+
+
+def test_activation_quantisation_matches_torch(ops, isas):
+    x = torch.randn(7, 70) * torch.tensor([1e-3, 1, 50, 0, 3, 1e4, 0.5]).unsqueeze(1)
+    x[1, 5] = 0.5 * 127 / 127  # exercise ties
+    q_ref, scale_ref = quantize_activations(x)
+    for isa in isas:
+        q, scale, sums, scaled = ops.quantize_activations(x, isa=isa)
+        assert torch.equal(q.int(), q_ref) and torch.equal(scale, scale_ref)
+        per_block = q_ref.view(7, -1, 32)
+        assert torch.equal(sums, per_block.sum(-1).int())
+        halves = per_block.view(7, -1, 2, 16).sum(-1).float() * scale_ref.unsqueeze(-1)
+        assert torch.equal(scaled.view(7, -1, 3)[..., 1:], halves)
+    assert not q_ref[3].any()  # an all-zero row quantises to zeros with scale 0
+
+
+def test_bad_arguments_are_errors(ops):
+    w = random_weight(INT8, 16, 64, 32)
+    args = list(w.kernel_args())
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="must be"):
+        ops.quant_linear(torch.randn(2, 63), *args)
+    bad = list(args)
+    bad[0] = w.codes[:, :1].contiguous()  # too few k-blocks for K
+    with pytest.raises(RuntimeError, match="do not fit"):
+        ops.quant_linear(x, *bad)
+    fp8 = random_weight(FP8, 16, 64, 0)
+    with pytest.raises(RuntimeError, match="fp32 activations"):
+        ops.quant_linear(x, *fp8.kernel_args(), None, True)
+    lut = random_weight(LUT4, 16, 64, 32)
+    bad = list(lut.kernel_args())
+    bad[3] = lut.table * 2  # outside [-1, 1]
+    with pytest.raises(RuntimeError, match="table"):
+        ops.quant_linear(x, *bad)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.quant_rows(torch.tensor([16]), *args)
+    with pytest.raises(RuntimeError, match="unknown isa"):
+        ops.quant_linear(x, *args, None, True, isa="avx9000")
