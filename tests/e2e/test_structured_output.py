@@ -3,7 +3,8 @@
 `response_format` as `json_object`, `json_schema` (strict) and TGI's form on chat AND
 completions, streaming and not; tools with `tool_choice` none / auto / a bare function name,
 `tool_prompt` reaching the prompt, `auto` streamed (a valid call or plain text, never a broken
-one). test_grammar.py holds the clients' basics, mixed batches and the bad-grammar list.
+one), a template that shows the tools itself with a tool result round trip. test_grammar.py holds
+the clients' basics, mixed batches and the bad-grammar list.
 
 The demo model has random weights: a grammar with an unbounded language (`json_object`) may run
 out of tokens. Such an output must then be a prefix of a JSON object (finish_reason `length`);
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import httpx
 import jsonschema
 import pytest
 from huggingface_hub import InferenceClient
 
+from e2e.server import ServerProcess
 from e2e.test_grammar import CLOCK, DATE, MESSAGES, PERSON, WEATHER, openai_client, valid_call
 
 JSON_OBJECT = {"type": "json_object"}
@@ -210,3 +213,78 @@ def test_inference_client_chat_response_format(pytgi_server_url, hub_online):
         )
     )
     assert json.loads(text) == json.loads(out.choices[0].message.content)
+
+
+# a chat template that shows the tools itself and renders tool calls and tool results (as Llama
+# 3.1's or Qwen 2.5's do); the demo model's own template refuses the `tool` role
+TOOL_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|system|>\nFunctions:\n{% for tool in tools %}"
+    "{{ tool | tojson }}\n{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% for message in messages %}{% if message['role'] == 'tool' %}<|tool|>\n"
+    "{{ message['content'] }}{{ eos_token }}\n{% elif message.get('tool_calls') %}<|assistant|>\n"
+    "{% for call in message['tool_calls'] %}{{ call['function'] | tojson }}{% endfor %}"
+    "{{ eos_token }}\n{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{{ eos_token }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
+    "{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tool_template_server(demo_model_dir, tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("tool-template") / "model"
+    shutil.copytree(demo_model_dir, model_dir)
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = TOOL_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    server = ServerProcess(model_dir, log_path=model_dir.parent / "server.log")
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_template_that_shows_tools_and_the_tool_result_round_trip(tool_template_server):
+    """The agent loop on a tool-aware template: tools go to the template (the prompt gets only
+    TGI's `---` + tool prompt suffix), the model's call, the tool's result (`role: tool`), and
+    the model again: a valid call or text."""
+    url = tool_template_server.url
+    client = openai_client(url)
+    body = {"model": "tgi", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required"}
+    templated = httpx.post(f"{url}/chat_tokenize", json=body, timeout=60).json()["templated_text"]
+    assert templated.count('"get_weather"') == 1  # listed once, by the template
+    assert "\n---\n\nGiven the functions available" in templated
+    first = client.chat.completions.create(
+        model="tgi", messages=MESSAGES, tools=[WEATHER], tool_choice="required", max_tokens=120,
+        seed=8,
+    ).choices[0].message  # fmt: skip
+    (call,) = first.tool_calls
+    valid_call(call.function.name, call.function.arguments)
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
+    for seed in range(2):
+        message = (
+            client.chat.completions.create(
+                model="tgi", messages=history, tools=[WEATHER], max_tokens=60, seed=seed
+            )
+            .choices[0]
+            .message
+        )
+        if message.tool_calls:
+            valid_call(
+                message.tool_calls[0].function.name, message.tool_calls[0].function.arguments
+            )
+        else:
+            assert message.content
+
+
+def test_response_format_text_is_no_grammar(pytgi_server_url):
+    client = openai_client(pytgi_server_url)
+    kwargs = dict(model="tgi", messages=MESSAGES, max_tokens=8, temperature=0)
+    plain = client.chat.completions.create(response_format={"type": "text"}, **kwargs).choices[0]
+    free = client.chat.completions.create(**kwargs).choices[0]
+    assert plain.finish_reason == "length" and plain.message.content == free.message.content
