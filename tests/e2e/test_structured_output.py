@@ -16,14 +16,25 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 
 import httpx
 import jsonschema
 import pytest
+from grammar.grammar_test_cases import deep_schema
 from huggingface_hub import InferenceClient
 
 from e2e.server import ServerProcess
-from e2e.test_grammar import CLOCK, DATE, MESSAGES, PERSON, WEATHER, openai_client, valid_call
+from e2e.test_grammar import (
+    BOUNDED_S,
+    CLOCK,
+    DATE,
+    MESSAGES,
+    PERSON,
+    WEATHER,
+    openai_client,
+    valid_call,
+)
 
 JSON_OBJECT = {"type": "json_object"}
 PERSON_STRICT = {
@@ -288,3 +299,53 @@ def test_response_format_text_is_no_grammar(pytgi_server_url):
     plain = client.chat.completions.create(response_format={"type": "text"}, **kwargs).choices[0]
     free = client.chat.completions.create(**kwargs).choices[0]
     assert plain.finish_reason == "length" and plain.message.content == free.message.content
+
+
+def _tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+BAD_TOOLS = [
+    ("invalid_type", [_tool({"type": "object", "properties": {"a": {"type": "stsring"}}})]),
+    (
+        "unsupported_keyword",
+        [_tool({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}})],
+    ),  # fmt: skip
+    ("parameters_not_a_schema", [_tool(["a"])]),
+    ("no_name", [{"type": "function", "function": {"parameters": {}}}]),
+    ("deep_nesting", [_tool(deep_schema(200))]),
+    (
+        "conflicting_defs",
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "parameters": {
+                        "type": "object",
+                        "$defs": {"x": {"type": kind}},
+                        "properties": {"v": {"$ref": "#/$defs/x"}},
+                    },
+                },
+            }
+            for n, kind in (("f", "string"), ("g", "integer"))
+        ],
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("tools", [t for _, t in BAD_TOOLS], ids=[n for n, _ in BAD_TOOLS])
+def test_bad_tools_are_a_clear_4xx_in_bounded_time(pytgi_server_url, tools):
+    body = {"model": "tgi", "messages": MESSAGES, "tools": tools, "tool_choice": "required"}
+    with httpx.Client(base_url=pytgi_server_url, timeout=60) as http:
+        for stream in (False, True):
+            start = time.monotonic()
+            response = http.post("/v1/chat/completions", json={**body, "stream": stream})
+            assert time.monotonic() - start < BOUNDED_S
+            if stream and response.status_code == 200:  # TGI: a validation error as the event
+                (event,) = sse_events(response.text)
+                assert event["error"]["http_status_code"] == 422
+                continue
+            assert response.status_code == 422, response.text
+            assert response.json()["error_type"] in ("tool_error", "validation")
+        assert http.post("/generate", json={"inputs": "Hi"}).status_code == 200
