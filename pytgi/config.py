@@ -123,6 +123,8 @@ class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # constrained decoding (grammar, response_format, tools); None: off (grammar requests fail)
+    grammar: GrammarConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
@@ -141,6 +143,8 @@ class CacheInfo:
     dtype: str
     device: str
     warmup_s: float = 0.0
+    vocab_size: int = 0  # the model's logits width (token masks cover it)
+    supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,13 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+
+    def __post_init__(self):
+        if not self.compile_timeout_s > 0:
+            raise ConfigError("`grammar_compile_timeout` must be > 0")
+        for name, value in vars(self).items():
+            if name != "compile_timeout_s" and value < 1:
+                raise ConfigError(f"grammar limit `{name}` must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)

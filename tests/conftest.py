@@ -14,6 +14,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.fixture
+def hub_online(monkeypatch):
+    """The suite sets HF_HUB_OFFLINE, which makes huggingface_hub refuse every URL, a server on
+    loopback included: lifted for a test that talks to a local server with its clients."""
+    import huggingface_hub
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    reset_sessions()  # a cached session keeps its offline adapter
+    yield
+    monkeypatch.undo()
+    reset_sessions()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """`factory(arch="llama", **overrides) -> Path`: a cached tiny checkpoint directory per (arch,

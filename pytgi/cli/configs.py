@@ -15,6 +15,7 @@ from pytgi.config import (
     CacheInfo,
     DeviceConfig,
     EngineConfig,
+    GrammarConfig,
     LimitsConfig,
     ModelConfig,
     ParallelConfig,
@@ -83,11 +84,27 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
         ),
+        grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(
             num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
         ),
         device=device_config(args),
         num_threads=args.num_threads,
+    )
+
+
+def grammar_config(args: argparse.Namespace) -> GrammarConfig:
+    """The grammar limits (the router's check before admission and the engine's compiles)."""
+    return GrammarConfig(
+        compile_timeout_s=args.grammar_compile_timeout,
+        max_grammar_bytes=args.max_grammar_bytes,
+        max_grammar_size=args.max_grammar_size,
+        max_lexer_states=args.max_grammar_lexer_states,
+        initial_lexer_fuel=args.grammar_compile_fuel,
+        step_lexer_fuel=args.grammar_mask_fuel,
+        compile_threads=args.grammar_compile_threads,
+        mask_threads=args.grammar_mask_threads,
+        cache_size=args.grammar_cache_size,
     )
 
 

@@ -95,6 +95,8 @@ def start_engine_and_router(args: argparse.Namespace):
         cache,
         enable_prefill_logprobs=args.enable_prefill_logprobs,
         disable_grammar_support=args.disable_grammar_support,
+        engine_supports_grammar=cache.supports_grammar,
+        grammar_config=engine_cfg.grammar,
     )
     return engine, infer, server_cfg, plan
 

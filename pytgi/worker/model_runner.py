@@ -194,6 +194,8 @@ class ModelRunner:
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
+        if scheduler_output.grammar_masks_ready is not None:
+            scheduler_output.grammar_masks_ready()  # filled by the engine during the forward
         sampled = self.sampler(logits.float(), plan.sample_rows)
         return ModelOutput(
             sampled=accept_drafts(plan, sampled),

@@ -103,6 +103,7 @@ class Worker:
             dtype=str(self.runner.dtype).removeprefix("torch."),
             device=self.platform.name,
             warmup_s=warmup_s,
+            vocab_size=self.runner.spec.vocab_size,
         )
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
