@@ -14,8 +14,9 @@ family alternating, so both see the same load on a shared machine. Two figures p
   descheduled process does not accumulate: the steadier measure of the work per token.
 
 Reported: the family's and the Llama's medians over rounds, the family / Llama ratio (median of
-the per-round ratios), the ratio per parameter (x the family's parameter count / the Llama's), and
-the CPU share other processes took meanwhile.
+the per-round ratios), the ratio per parameter (x the family's parameter count / the Llama's), the
+ratio per streamed parameter (the same with the parameters a decode step reads in full:
+`streamed_params`), the CPU share other processes took meanwhile, and the load average.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def measure(engines: dict, workloads, vocab: dict, rounds: int, threads: int) ->
     return results
 
 
-def summarize(runs: dict, family: str, ratio_params: float) -> dict:
+def summarize(runs: dict, family: str, ratio_params: float, ratio_streamed: float) -> dict:
     """Medians and ratios of one workload's rounds (see the module docstring)."""
     row = {}
     for i, figure in enumerate(("wall", "cpu")):
@@ -138,6 +139,7 @@ def summarize(runs: dict, family: str, ratio_params: float) -> dict:
             "llama_tok_s": statistics.median(llama),
             "ratio": ratio,
             "ratio_per_param": ratio * ratio_params,
+            "ratio_per_streamed_param": ratio * ratio_streamed,
         }
     row["others"] = statistics.mean(r[2] for r in runs[family] + runs["llama"])
     return row
@@ -172,9 +174,12 @@ def main() -> None:
             "llama_params": params["llama"],
             "streamed_params": streamed_params(model_dir),
             "llama_streamed_params": streamed_params(llama_dir),
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         }
+        ratio_params = params[family] / params["llama"]
+        ratio_streamed = row["streamed_params"] / row["llama_streamed_params"]
         for name, runs in results.items():
-            row[name] = summarize(runs, family, params[family] / params["llama"])
+            row[name] = summarize(runs, family, ratio_params, ratio_streamed)
         report["families"][family] = row
         print(f"{family}: {params[family] / 1e6:.1f} M", end="")
         for workload in workloads:
@@ -183,13 +188,14 @@ def main() -> None:
                 f" | {workload.name}: wall {r['wall']['tok_s']:.1f} vs "
                 f"{r['wall']['llama_tok_s']:.1f} tok/s ({r['wall']['ratio_per_param']:.2f}x per "
                 f"param), cpu {r['cpu']['tok_s']:.1f} vs {r['cpu']['llama_tok_s']:.1f} "
-                f"({r['cpu']['ratio_per_param']:.2f}x), others {r['others']:.2f}",
+                f"({r['cpu']['ratio_per_param']:.2f}x, "
+                f"{r['cpu']['ratio_per_streamed_param']:.2f}x streamed), others {r['others']:.2f}",
                 end="",
             )
         print(f" | {time.perf_counter() - start_s:.0f} s", flush=True)
+        if args.output:  # after every family: a run cut short keeps what it measured
+            args.output.write_text(json.dumps(report, indent=2))
     llama.shutdown()
-    if args.output:
-        args.output.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

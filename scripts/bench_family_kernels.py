@@ -63,9 +63,14 @@ def tokens_rows(ops, tokens: int, w, b, repeats: int) -> list[str]:
             best_us(lambda: ops.gelu_and_mul(gate_up, True), repeats),
         ),
         row(
-            f"plain GELU [{tokens}, {2 * INTER}]",
+            f"plain GELU, exact (erf) [{tokens}, {2 * INTER}]",
             best_us(lambda: F.gelu(up), repeats),
             best_us(lambda: ops.gelu(up, False), repeats),
+        ),
+        row(
+            f"plain GELU, tanh [{tokens}, {2 * INTER}]",
+            best_us(lambda: F.gelu(up, approximate="tanh"), repeats),
+            best_us(lambda: ops.gelu(up, True), repeats),
         ),
     ]
 

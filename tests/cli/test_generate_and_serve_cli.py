@@ -84,6 +84,22 @@ def test_generate_serves_model_families(arch, tiny_model_factory):
     assert result.stdout == expected + "\n"
 
 
+def test_family_option_pytgi_does_not_compute_is_one_line(tiny_model_factory):
+    """A native family's config option pytgi does not compute (GPT-2's per-layer attention
+    scaling): refused when the model is built, before any weight is read, in one line."""
+    model_dir = tiny_model_factory("gpt2", scale_attn_by_inverse_layer_idx=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytgi", "generate", "hi", "--model-id", str(model_dir),
+         "--max-new-tokens", "2", "--num-threads", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "[model: GPT2LMHeadModel (native implementation)]",
+        "error: GPT2LMHeadModel with scale_attn_by_inverse_layer_idx is not supported",
+    ]
+
+
 def _serve(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`pytgi serve` as a user runs it: every process's output, and the time it took."""
     return subprocess.run(
