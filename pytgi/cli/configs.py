@@ -8,6 +8,7 @@ import argparse
 import logging
 
 from pytgi import envs
+from pytgi.cli.flags import SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -42,7 +43,25 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         tokenizer_config_path=args.tokenizer_config_path,
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
+        gguf_file=getattr(args, "model_gguf", None),
     )
+
+
+def check_quantize(quantize: str | None, dtype: str | None) -> None:
+    """`--quantize` values pytgi does not run, and `--dtype` other than the kernels' float32, are
+    refused before anything loads (the engine checks again when it builds the model)."""
+    if quantize is None:
+        return
+    if quantize not in SERVED_QUANTIZE:
+        raise ConfigError(
+            f"--quantize {quantize} is not supported on CPU by pytgi "
+            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+        )
+    if dtype not in (None, "float32"):
+        raise ConfigError(
+            f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
+            f"use --dtype float32 (got {dtype})"
+        )
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -62,8 +81,7 @@ def num_shard(args: argparse.Namespace) -> int:
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
-    if args.quantize:
-        raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
+    check_quantize(args.quantize, args.dtype)
     if args.cuda_graphs:
         logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
     return EngineConfig(

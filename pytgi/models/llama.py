@@ -20,7 +20,9 @@ from pytgi.models.config import DecoderSpec, decoder_spec_from_hf
 class LlamaModel(nn.Module):
     def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            spec.vocab_size, spec.hidden_size, quant_config=quant_config
+        )
         self.embedding_multiplier = spec.embedding_multiplier
         self.rotary_emb = get_rope(
             spec.head_dim,

@@ -1,25 +1,32 @@
 // A decode step's decoder layers in one call: Llama-family blocks (pre-norm, gated SiLU MLP, RoPE,
 // GQA over the paged cache; q/k/v/o and MLP biases, per-head q/k norm, residual multiplier and
-// per-layer sliding window as options), fp32, one process (no tensor parallelism).
+// per-layer sliding window as options), fp32 activations, one process (no tensor parallelism).
+// Each linear layer is either fp32 packed tiles or a quantized weight (quant.h's layouts) run
+// with int8 activations: exactly the kernels of the layer-by-layer path (quant_linear).
 //
 // Why: run op by op, a batch-1 step of a 30-layer model is ~300 kernel calls. Each costs Python
 // and dispatch time, and each parallel op wakes the worker threads, which sleep between regions
 // under OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md has the measurements).
 //
 // How: the step is a fixed list of phases, per layer: input norm, qkv, q/k norm + RoPE + KV store,
-// attention, o_proj, post norm, gate_up, SiLU * up, down. A phase is a set of independent tasks:
-// rows, 16-column weight tiles, or (row, KV head) pairs. Every thread of one parallel region runs
+// attention, (the attention rows' int8 quantisation, when it could not run inside attention),
+// o_proj, post norm, gate_up, SiLU * up, down. A phase is a set of independent tasks: rows,
+// 16-column weight tiles (two 8-column groups of a quantized weight), or (row, KV head) pairs.
+// A quantized linear's input rows are quantised to int8 by the row tasks that produce them (the
+// norms, SiLU * up, and each (row, KV head) attention task for its 32-aligned slice of the row). Every thread of one parallel region runs
 // the same program: it claims the phase's tasks from an atomic counter, then waits until all of
 // them are done, then goes on to the next phase. Nothing is assigned in advance, so a thread that
 // wakes late or is descheduled only leaves its unclaimed tiles to the others (who then wait only
 // for tasks already in progress). Every task runs the op-by-op kernels' own helpers (common.h),
 // so the results do not depend on which thread ran what, nor on the number of threads.
 #include "common.h"
+#include "quant_ops.h"
 
 #include <ATen/Parallel.h>
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -61,15 +68,64 @@ void run_phase(PhaseCounter& counter, int64_t n, const Task& task) {
 
 using TensorMap = std::unordered_map<std::string, at::Tensor>;
 
-// One decoder layer's parameters, as the layers hold them after loading (packed tiles [C, K, 16],
-// biases [C * 16]); optional entries are null.
+// One linear layer of the stack: fp32 packed tiles [C, K, 16] (tiles != null), or a quantized
+// weight (quant.h) multiplied with int8 activations; bias [>= N] or null.
+struct Linear {
+  const float* tiles = nullptr;
+  const float* bias = nullptr;
+  bool quantized = false;
+  quant::Matrix matrix{};
+};
+
+// One decoder layer's parameters, as the layers hold them after loading; optional entries are
+// null.
 struct Layer {
   const float *input_norm, *post_norm, *q_norm, *k_norm;
-  const float *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+  Linear qkv, o, gate_up, down;
   int64_t window;  // a query at position p sees keys p - window < pos <= p; 0 = all keys
 };
 
-constexpr int kPhasesPerLayer = 9;
+// A linear input's rows quantised to int8 per 32-wide block (quant.h's Acts), [B, kblocks * 32]
+// codes and the per-block scale, sum and scaled sums, in one scratch tensor.
+struct QuantRows {
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+  int32_t* sum = nullptr;
+  float* scaled_sum = nullptr;
+  int64_t kblocks = 0;
+
+  static QuantRows allocate(int64_t rows, int64_t k, at::Tensor& storage) {
+    QuantRows r;
+    r.kblocks = (k + quant::kKBlock - 1) / quant::kKBlock;
+    const int64_t kb = r.kblocks;  // 4-byte words: q (8 per block), scale, sum, scaled sums
+    storage = at::empty({std::max<int64_t>(1, rows * kb * (8 + 2 + quant::kSums))}, at::kFloat);
+    float* base = storage.data_ptr<float>();
+    r.q = reinterpret_cast<int8_t*>(base);
+    r.scale = base + rows * kb * 8;
+    r.sum = reinterpret_cast<int32_t*>(r.scale + rows * kb);
+    r.scaled_sum = r.scale + 2 * rows * kb;
+    return r;
+  }
+
+  // Columns [c0, c0 + len) of row b of x (row stride xs): c0 and len multiples of 32, or the
+  // whole row (c0 = 0, len = k). Blocks are quantised independently, so slices agree with
+  // quantising the whole row at once.
+  void quantize(const quant::Kernels& kern, const float* x, int64_t xs, int64_t b, int64_t c0,
+                int64_t len) const {
+    const int64_t b0 = c0 / quant::kKBlock, nb = (len + quant::kKBlock - 1) / quant::kKBlock;
+    const int64_t block = b * kblocks + b0;
+    kern.quantize_rows(x + b * xs + c0, xs, 1, len, nb, q + block * quant::kKBlock, scale + block,
+                       sum + block, scaled_sum + block * quant::kSums);
+  }
+
+  quant::Acts rows_from(int64_t r0) const {
+    return {q + r0 * kblocks * quant::kKBlock, scale + r0 * kblocks, sum + r0 * kblocks,
+            scaled_sum + r0 * kblocks * quant::kSums, kblocks};
+  }
+};
+
+constexpr int kPhasesPerLayer = 10;
+constexpr int64_t kQuantRowChunk = 64;  // rows per pass over a task's codes, as quant_linear
 
 }  // namespace
 
@@ -80,7 +136,7 @@ class DecodeStack {
               const std::vector<TensorMap>& layers, const std::vector<int64_t>& windows)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         inter_(intermediate), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
-        multiplier_(static_cast<float>(residual_multiplier)) {
+        multiplier_(static_cast<float>(residual_multiplier)), kern_(&quant::select("auto")) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
     TORCH_CHECK(layers.size() == windows.size() && !layers.empty(), "one window per layer");
     qkv_tiles_ = tiles_for((heads + 2 * kv_heads) * head_dim);
@@ -88,7 +144,17 @@ class DecodeStack {
     gate_up_tiles_ = tiles_for(2 * intermediate);
     down_tiles_ = tiles_for(hidden);
     for (size_t i = 0; i < layers.size(); ++i) layers_.push_back(bind(layers[i], windows[i]));
+    for (const Layer& l : layers_) {
+      quant_normed_ |= l.qkv.quantized || l.gate_up.quantized;
+      quant_attn_ |= l.o.quantized;
+      quant_act_ |= l.down.quantized;
+    }
+    const int64_t group_width = heads / kv_heads * head_dim;
+    attn_quant_in_task_ = group_width % quant::kKBlock == 0;
   }
+
+  // The kernel table the quantized layers run on (quant_ops.cpp's select("auto")).
+  std::string isa() const { return kern_->name; }
 
   // hidden [B, hidden] (the embeddings), cos / sin [B, rd], slots [B] (int64: where each row's
   // new K/V goes), block_tables [B, W] and seq_lens [B] (int64: row b's keys are positions
@@ -119,6 +185,10 @@ class DecodeStack {
                 at::empty({rows, gate_up_tiles_ * kTile}, f32),
                 at::empty({rows, inter_}, f32),
                 at::empty({rows, down_tiles_ * kTile}, f32)};
+    at::Tensor normed_q, attn_q, act_q;  // storage of the int8 rows, when a layer needs them
+    if (quant_normed_) buf.normed_q = QuantRows::allocate(rows, hidden_, normed_q);
+    if (quant_attn_) buf.attn_q = QuantRows::allocate(rows, heads_ * head_dim_, attn_q);
+    if (quant_act_) buf.act_q = QuantRows::allocate(rows, inter_, act_q);
     Step step{rows,
               cos.size(1),
               cos.data_ptr<float>(),
@@ -146,6 +216,7 @@ class DecodeStack {
  private:
   struct Buffers {  // [B, width] each; tile outputs are padded to a multiple of 16 columns
     at::Tensor normed, qkv, attn, o, gate_up, act, down;
+    QuantRows normed_q, attn_q, act_q;  // int8 copies of normed, attn and act rows
   };
   struct Step {
     int64_t rows, rotary_dim;
@@ -161,8 +232,9 @@ class DecodeStack {
 
   static int64_t tiles_for(int64_t columns) { return (columns + kTile - 1) / kTile; }
 
+  // Tensor `name` of m: exactly `shape`, or (shape empty) a vector of `numel` values.
   const float* bind_tensor(const TensorMap& m, const char* name, std::vector<int64_t> shape,
-                           bool required) {
+                           bool required, int64_t numel = 0) {
     auto it = m.find(name);
     if (it == m.end()) {
       TORCH_CHECK(!required, "decode stack: missing ", name);
@@ -170,10 +242,45 @@ class DecodeStack {
     }
     const at::Tensor& t = it->second;
     check_f32(t, name);
+    if (shape.empty()) shape = {numel};
     TORCH_CHECK(t.is_contiguous() && t.sizes() == at::IntArrayRef(shape), "decode stack: ", name,
                 " has shape ", t.sizes(), ", expected ", at::IntArrayRef(shape));
     kept_.push_back(t);
     return t.data_ptr<float>();
+  }
+
+  // Linear `name` of a layer: fp32 tiles `name` [tiles, k, 16], or a quantized weight given as
+  // `name.codes`, `name.scales`, optional `name.mins` / `name.table` and `name.layout` (int64
+  // [format, n, k, scale_block]); optional bias `name_bias` (fp32, at least n values).
+  Linear bind_linear(const TensorMap& m, const std::string& name, int64_t n, int64_t k) {
+    Linear lin;
+    const int64_t tiles = tiles_for(n);
+    if (m.count(name)) {
+      lin.tiles = bind_tensor(m, name.c_str(), {tiles, k, kTile}, true);
+      lin.bias = bind_tensor(m, (name + "_bias").c_str(), {}, false, tiles * kTile);
+      return lin;
+    }
+    lin.bias = bind_tensor(m, (name + "_bias").c_str(), {}, false, n);
+    auto tensor = [&](const std::string& key, bool required) -> std::optional<at::Tensor> {
+      auto it = m.find(name + "." + key);
+      TORCH_CHECK(it != m.end() || !required, "decode stack: missing ", name, " (or ", name,
+                  ".", key, ")");
+      if (it == m.end()) return std::nullopt;
+      kept_.push_back(it->second);
+      return it->second;
+    };
+    const at::Tensor layout = *tensor("layout", true);
+    TORCH_CHECK(layout.scalar_type() == at::kLong && layout.numel() == 4 && layout.is_contiguous(),
+                "decode stack: ", name, ".layout must be int64 [format, n, k, scale_block]");
+    const int64_t* f = layout.data_ptr<int64_t>();
+    TORCH_CHECK(f[1] == n && f[2] == k, "decode stack: ", name, " is [", f[1], ", ", f[2],
+                "], expected [", n, ", ", k, "]");
+    TORCH_CHECK(f[0] != quant::kFp8, "decode stack: ", name,
+                " is fp8, which runs with fp32 activations only");
+    lin.matrix = quant::make_matrix(*tensor("codes", true), *tensor("scales", true),
+                                    tensor("mins", false), tensor("table", false), f[0], n, k, f[3]);
+    lin.quantized = true;
+    return lin;
   }
 
   Layer bind(const TensorMap& m, int64_t window) {
@@ -184,14 +291,10 @@ class DecodeStack {
     l.q_norm = bind_tensor(m, "q_norm", {d}, false);
     l.k_norm = bind_tensor(m, "k_norm", {d}, false);
     TORCH_CHECK(!l.q_norm == !l.k_norm, "decode stack: q_norm and k_norm come together");
-    l.qkv = bind_tensor(m, "qkv", {qkv_tiles_, hidden_, kTile}, true);
-    l.qkv_bias = bind_tensor(m, "qkv_bias", {qkv_tiles_ * kTile}, false);
-    l.o = bind_tensor(m, "o", {o_tiles_, heads_ * d, kTile}, true);
-    l.o_bias = bind_tensor(m, "o_bias", {o_tiles_ * kTile}, false);
-    l.gate_up = bind_tensor(m, "gate_up", {gate_up_tiles_, hidden_, kTile}, true);
-    l.gate_up_bias = bind_tensor(m, "gate_up_bias", {gate_up_tiles_ * kTile}, false);
-    l.down = bind_tensor(m, "down", {down_tiles_, inter_, kTile}, true);
-    l.down_bias = bind_tensor(m, "down_bias", {down_tiles_ * kTile}, false);
+    l.qkv = bind_linear(m, "qkv", (heads_ + 2 * kv_heads_) * d, hidden_);
+    l.o = bind_linear(m, "o", hidden_, heads_ * d);
+    l.gate_up = bind_linear(m, "gate_up", 2 * inter_, hidden_);
+    l.down = bind_linear(m, "down", hidden_, inter_);
     TORCH_CHECK(window >= 0, "decode stack: negative window");
     l.window = window;
     return l;
@@ -248,7 +351,7 @@ class DecodeStack {
   }
 
   void run_program(const Step& s, const Buffers& buf, PhaseCounter* counter) const {
-    const int64_t hd = hidden_, d = head_dim_, rows = s.rows;
+    const int64_t hd = hidden_, d = head_dim_, rows = s.rows, group = heads_ / kv_heads_;
     const int64_t qkv_w = qkv_tiles_ * kTile, o_w = o_tiles_ * kTile;
     const int64_t gu_w = gate_up_tiles_ * kTile, down_w = down_tiles_ * kTile;
     float *normed = buf.normed.data_ptr<float>(), *qkv = buf.qkv.data_ptr<float>(),
@@ -258,14 +361,32 @@ class DecodeStack {
     AttendScratch scratch;  // this thread's
 
     // residual[b] += multiplier * branch[b] (the branch's first `hidden` columns), then
-    // normed[b] = rms_norm(residual[b]); no branch (the first layer): just the norm.
-    auto add_norm = [&](const float* branch, int64_t branch_w, const float* weight) {
-      return [=](int64_t b) {
+    // normed[b] = rms_norm(residual[b]); no branch (the first layer): just the norm. Then the
+    // int8 copy of normed[b] when the consumer is quantized.
+    auto add_norm = [&](const float* branch, int64_t branch_w, const float* weight, bool quant) {
+      return [=, &buf](int64_t b) {
         float* r = s.residual + b * hd;
         if (branch == nullptr) {
           rms_row(normed + b * hd, r, weight, hd, eps_);
         } else {
           add_rms_row(normed + b * hd, r, branch + b * branch_w, multiplier_, weight, hd, eps_);
+        }
+        if (quant) buf.normed_q.quantize(*kern_, normed, hd, b, 0, hd);
+      };
+    };
+    // Task t of a linear: output columns [16 t, 16 t + 16) for every row.
+    auto linear = [&](const Linear& lin, const float* x, int64_t k, const QuantRows& xq, float* y,
+                      int64_t ys) {
+      return [&, x, k, y, ys](int64_t t) {
+        if (!lin.quantized) {
+          packed_tile(rows, x, k, lin.tiles + t * k * kTile, kTile, k, y + t * kTile, ys,
+                      lin.bias ? lin.bias + t * kTile : nullptr);
+          return;
+        }
+        const int64_t g0 = 2 * t, g1 = std::min(g0 + 2, (lin.matrix.n + 7) / quant::kGroup);
+        for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowChunk) {
+          const int64_t chunk = std::min(kQuantRowChunk, rows - r0);
+          kern_->gemm_i8(lin.matrix, xq.rows_from(r0), chunk, g0, g1, y + r0 * ys, ys, lin.bias);
         }
       };
     };
@@ -274,35 +395,31 @@ class DecodeStack {
       const Layer& l = layers_[li];
       float *k_cache = s.k_caches[li], *v_cache = s.v_caches[li];
       PhaseCounter* c = counter + li * kPhasesPerLayer;
-      run_phase(c[0], rows, add_norm(li == 0 ? nullptr : down, down_w, l.input_norm));
-      run_phase(c[1], qkv_tiles_, [&](int64_t t) {
-        packed_tile(rows, normed, hd, l.qkv + t * hd * kTile, kTile, hd, qkv + t * kTile, qkv_w,
-                    l.qkv_bias ? l.qkv_bias + t * kTile : nullptr);
-      });
+      const bool attn_q_in_task = l.o.quantized && attn_quant_in_task_;
+      run_phase(c[0], rows,
+                add_norm(li == 0 ? nullptr : down, down_w, l.input_norm, l.qkv.quantized));
+      run_phase(c[1], qkv_tiles_, linear(l.qkv, normed, hd, buf.normed_q, qkv, qkv_w));
       run_phase(c[2], rows, [&](int64_t b) {
         rope_and_store(l, s, qkv + b * qkv_w, b, k_cache, v_cache);
       });
       run_phase(c[3], rows * kv_heads_, [&](int64_t task) {
-        const int64_t b = task / kv_heads_;
-        attend_group(l, s, qkv + b * qkv_w, b, task % kv_heads_, k_cache, v_cache, attn,
-                     scratch);
+        const int64_t b = task / kv_heads_, h = task % kv_heads_;
+        attend_group(l, s, qkv + b * qkv_w, b, h, k_cache, v_cache, attn, scratch);
+        if (attn_q_in_task) {
+          buf.attn_q.quantize(*kern_, attn, heads_ * d, b, h * group * d, group * d);
+        }
       });
-      run_phase(c[4], o_tiles_, [&](int64_t t) {
-        packed_tile(rows, attn, heads_ * d, l.o + t * heads_ * d * kTile, kTile, heads_ * d,
-                    o + t * kTile, o_w, l.o_bias ? l.o_bias + t * kTile : nullptr);
+      run_phase(c[4], l.o.quantized && !attn_q_in_task ? rows : 0, [&](int64_t b) {
+        buf.attn_q.quantize(*kern_, attn, heads_ * d, b, 0, heads_ * d);
       });
-      run_phase(c[5], rows, add_norm(o, o_w, l.post_norm));
-      run_phase(c[6], gate_up_tiles_, [&](int64_t t) {
-        packed_tile(rows, normed, hd, l.gate_up + t * hd * kTile, kTile, hd, gu + t * kTile,
-                    gu_w, l.gate_up_bias ? l.gate_up_bias + t * kTile : nullptr);
-      });
-      run_phase(c[7], rows, [&](int64_t b) {
+      run_phase(c[5], o_tiles_, linear(l.o, attn, heads_ * d, buf.attn_q, o, o_w));
+      run_phase(c[6], rows, add_norm(o, o_w, l.post_norm, l.gate_up.quantized));
+      run_phase(c[7], gate_up_tiles_, linear(l.gate_up, normed, hd, buf.normed_q, gu, gu_w));
+      run_phase(c[8], rows, [&](int64_t b) {
         silu_mul_row(act + b * inter_, gu + b * gu_w, gu + b * gu_w + inter_, inter_);
+        if (l.down.quantized) buf.act_q.quantize(*kern_, act, inter_, b, 0, inter_);
       });
-      run_phase(c[8], down_tiles_, [&](int64_t t) {
-        packed_tile(rows, act, inter_, l.down + t * inter_ * kTile, kTile, inter_,
-                    down + t * kTile, down_w, l.down_bias ? l.down_bias + t * kTile : nullptr);
-      });
+      run_phase(c[9], down_tiles_, linear(l.down, act, inter_, buf.act_q, down, down_w));
     }
     run_phase(counter[layers_.size() * kPhasesPerLayer], rows, [&](int64_t b) {
       const float* x = down + b * down_w;
@@ -344,6 +461,9 @@ class DecodeStack {
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;
   float eps_, scale_, multiplier_;
+  const quant::Kernels* kern_;  // the quantized layers' kernel table, chosen once
+  bool quant_normed_ = false, quant_attn_ = false, quant_act_ = false;  // int8 rows needed
+  bool attn_quant_in_task_ = false;  // a KV head's query heads span whole 32-wide blocks
   int64_t qkv_tiles_, o_tiles_, gate_up_tiles_, down_tiles_;
   std::vector<Layer> layers_;
   std::vector<at::Tensor> kept_;  // the tensors layers_ points into
@@ -362,7 +482,8 @@ void register_decode_stack(pybind11::module& m) {
            pybind11::arg("sin"), pybind11::arg("slots"), pybind11::arg("block_tables"),
            pybind11::arg("seq_lens"), pybind11::arg("block_size"), pybind11::arg("k_caches"),
            pybind11::arg("v_caches"),
-           pybind11::call_guard<pybind11::gil_scoped_release>());
+           pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def_property_readonly("isa", &DecodeStack::isa);
 }
 
 }  // namespace pytgi
