@@ -17,9 +17,7 @@ from pytgi.models.gguf.prepared import prepared_dir
 from pytgi.utils.hub import resolve_model_dir
 
 
-def resolve_model(
-    model: ModelConfig, check_config: Callable[[Path], object] | None = None
-) -> Path:
+def resolve_model(model: ModelConfig, check_config: Callable[[Path], object] | None = None) -> Path:
     """The local directory of `model`, downloading what a hub model needs; `check_config(dir)`
     runs once its config.json is there, before any weight is fetched (it raises to refuse)."""
     gguf_file = find_gguf_file(model, model.gguf_file)
