@@ -15,13 +15,16 @@ from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
+DEVICES = ("auto", "cpu", "cuda")
+# TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
+DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model_id: str
     revision: str | None = None
-    dtype: str | None = None  # None = per-device default (fp32 on CPU)
+    dtype: str | None = None  # None = the platform's default for the model (fp32 on CPU)
     quantize: str | None = None
     trust_remote_code: bool = False
     # .bin checkpoints only with this opt-in (converted, weights_only)
@@ -98,11 +101,24 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """What the platform may use, decided before the model is built (the CLI fills it from
-    PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE): compiled kernels for the layers, and the decode-step
-    accelerator (the fused CPU decode stack; CUDA-graph replay on GPU)."""
+    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE and the --cuda-* flags): the device,
+    compiled kernels for the layers, and the decode-step accelerator (the fused CPU decode stack;
+    CUDA-graph replay on GPU, over the `cuda_graphs` batch sizes; empty = eager)."""
 
     kernels: bool = True
     decode_accelerator: bool = True
+    device: str = "auto"  # auto: CUDA when torch sees a GPU, else CPU
+    cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
+    cuda_memory_fraction: float = 1.0  # of the GPU's total memory pytgi may use
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            choices = ", ".join(DEVICES)
+            raise ConfigError(f"PYTGI_DEVICE must be one of {choices}, got '{self.device}'")
+        if any(size <= 0 for size in self.cuda_graphs):
+            raise ConfigError(f"`cuda_graphs` must be positive batch sizes, got {self.cuda_graphs}")
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            raise ConfigError("`cuda_memory_fraction` must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -110,10 +126,11 @@ class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # constrained decoding (grammar, response_format, tools); None: off (grammar requests fail)
+    grammar: GrammarConfig | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
-    cuda_graphs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,8 @@ class CacheInfo:
     dtype: str
     device: str
     warmup_s: float = 0.0
+    vocab_size: int = 0  # the model's logits width (token masks cover it)
+    supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
 
 
 @dataclass(frozen=True)
@@ -168,6 +187,13 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+
+    def __post_init__(self):
+        if not self.compile_timeout_s > 0:
+            raise ConfigError("`grammar_compile_timeout` must be > 0")
+        for name, value in vars(self).items():
+            if name != "compile_timeout_s" and value < 1:
+                raise ConfigError(f"grammar limit `{name}` must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)

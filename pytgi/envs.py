@@ -61,15 +61,34 @@ def set_default_threading_env() -> None:
 
 
 def device_config():
-    """The device config from PYTGI_CPU_KERNELS=0 (keep the pure-torch path) and
-    PYTGI_FUSED_DECODE=0 (run decode steps layer by layer even where the fused CPU decode stack
-    could run them, for comparisons); both default to on."""
-    from pytgi.config import DeviceConfig
+    """The device config from the environment: PYTGI_DEVICE (auto, cpu or cuda; auto picks CUDA
+    when torch sees a GPU), PYTGI_CPU_KERNELS=0 (keep the pure-torch path), PYTGI_FUSED_DECODE=0
+    (run decode steps layer by layer even where the fused CPU decode stack or CUDA graphs could
+    run them, for comparisons), and TGI's CUDA_GRAPHS / CUDA_MEMORY_FRACTION (the launcher's
+    --cuda-graphs and --cuda-memory-fraction override them)."""
+    from pytgi.config import DEFAULT_CUDA_GRAPHS, DeviceConfig
 
+    graphs = get("CUDA_GRAPHS")
+    fraction = get("CUDA_MEMORY_FRACTION")
     return DeviceConfig(
         kernels=get_bool("PYTGI_CPU_KERNELS", default=True),
         decode_accelerator=get_bool("PYTGI_FUSED_DECODE", default=True),
+        device=(get("PYTGI_DEVICE") or "auto").strip().lower(),
+        cuda_graphs=DEFAULT_CUDA_GRAPHS if graphs is None else parse_cuda_graphs(graphs),
+        cuda_memory_fraction=1.0 if fraction is None else float(fraction),
     )
+
+
+def cuda_visible_devices() -> str | None:
+    """CUDA_VISIBLE_DEVICES as set (an empty value hides every GPU), None when unset."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def parse_cuda_graphs(value: str | tuple[int, ...]) -> tuple[int, ...]:
+    """TGI's CUDA_GRAPHS / --cuda-graphs: comma-separated batch sizes; 0 entries are dropped, so
+    `0` alone disables graphs."""
+    sizes = [int(v) for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    return tuple(size for size in sizes if size != 0)
 
 
 def tp_collective_timeout_s() -> float:

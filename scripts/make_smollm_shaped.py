@@ -1,13 +1,17 @@
 """Write a SmolLM-135M-shaped Llama with random weights: the benchmark model (no hub needed).
 
     python scripts/make_smollm_shaped.py /tmp/smollm-shaped
+    python scripts/make_smollm_shaped.py /tmp/llama-1b --shape llama-3.2-1b --dtype bfloat16 \
+        --device cuda   # the GPU benchmark's model
 
 Shape of HuggingFaceTB/SmolLM-135M: hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536,
 vocab 49152, tied embeddings, 2048 positions; fp32, 134.5 M parameters, about 540 MB on disk, so
-write it outside the repository. The output is a real checkpoint (config.json, model.safetensors,
-generation_config.json, tokenizer files). The tokenizer is the demo model's when it is installed,
-else a small byte-level BPE trained here; its vocabulary is smaller than the model's, which is
-fine for benchmarks that feed token ids.
+write it outside the repository. `--shape llama-3.2-1b` gives meta-llama/Llama-3.2-1B's shape
+(hidden 2048, 16 layers, 32 heads, 8 KV heads, intermediate 8192, vocab 128256, tied, llama3 rope
+scaling): 1.24 B parameters, 2.5 GB in bf16. The output is a real checkpoint (config.json,
+model.safetensors, generation_config.json, tokenizer files). The tokenizer is the demo model's
+when it is installed, else a small byte-level BPE trained here; its vocabulary is smaller than the
+model's, which is fine for benchmarks that feed token ids.
 """
 
 from __future__ import annotations
@@ -31,6 +35,29 @@ SMOLLM_135M = dict(
     hidden_act="silu",
     initializer_range=0.02,
 )
+LLAMA_32_1B = dict(
+    hidden_size=2048,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    intermediate_size=8192,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    hidden_act="silu",
+    initializer_range=0.02,
+)
+SHAPES = {"smollm-135m": SMOLLM_135M, "llama-3.2-1b": LLAMA_32_1B}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 BPE_VOCAB_SIZE = 512
@@ -46,6 +73,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="directory to write (e.g. /tmp/smollm-shaped)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="smollm-135m")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--device", default="cpu", help="where to draw the weights (cuda: faster)")
     parser.add_argument(
         "--tokenizer-from", type=Path, help="copy the tokenizer files from this model directory"
     )
@@ -90,7 +120,7 @@ def train_tokenizer(out_dir: Path) -> None:
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<pad>",
-        model_max_length=SMOLLM_135M["max_position_embeddings"],
+        model_max_length=SMOLLM_135M["max_position_embeddings"],  # the tokenizer's, not the model's
     )
     wrapped.save_pretrained(out_dir)
 
@@ -106,14 +136,16 @@ def special_ids(out_dir: Path) -> dict[str, int | None]:
     }
 
 
-def build_model(seed: int, token_ids: dict[str, int | None]):
+def build_model(args: argparse.Namespace, token_ids: dict[str, int | None]):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**SMOLLM_135M, **token_ids)
+    config = LlamaConfig(**SHAPES[args.shape], **token_ids)
     config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).to(torch.float32).eval()
+    torch.manual_seed(args.seed)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(config)
+    return model.to(getattr(torch, args.dtype)).eval()
 
 
 def main() -> None:
@@ -126,7 +158,7 @@ def main() -> None:
         train_tokenizer(out_dir)
     else:
         copy_tokenizer(source, out_dir)
-    model = build_model(args.seed, special_ids(out_dir))
+    model = build_model(args, special_ids(out_dir))
     model.save_pretrained(out_dir, safe_serialization=True)
     num_params = sum(p.numel() for p in model.parameters())
     size_mb = sum(f.stat().st_size for f in out_dir.glob("*.safetensors")) / 1e6

@@ -7,8 +7,9 @@
   from the backend when it is built; it also declares a `KVCacheSpec`, from which the runner sizes
   and allocates its cache. Per step the backend's `AttentionMetadataBuilder` turns the step's
   `AttentionBatch` into metadata (all of it computed before the forward), shared by every layer.
-- `DecodeAccelerator`: runs a whole decode step's decoder stack at once (the CPU fused decode
-  stack; CUDA-graph replay). Owned by the model runner, which asks it per step.
+- `DecodeAccelerator`: runs a decode step's decoder stack at once (the CPU fused decode stack) or
+  replays its whole forward (CUDA graphs captured at warm-up). Owned by the model runner, which
+  asks it per step.
 
 Row order contract of a step: rows whose query is a single token ("decode rows") come first, so
 their tokens are the first `num_decode_rows` tokens of the flat batch; prefill rows follow.
@@ -167,17 +168,49 @@ class AttentionBackend(ABC):
 # (hidden [T, D], cos, sin) -> (hidden, residual): a decoder stack run by an accelerator
 FusedLayers = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
+# (input_ids [T], positions [T], attention metadata) -> hidden [T, D]: the model's whole forward
+# over the runner's KV caches (the runner sets the forward context), what `capture` records
+ModelForward = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor]
 
-class DecodeAccelerator(ABC):
-    """Runs a decode step's whole decoder stack at once (fused kernel or graph replay)."""
+
+class DecodeAccelerator(ABC):  # noqa: B024 (every hook has a default: implement those you need)
+    """Runs decode steps faster than layer by layer, owned by the model runner, in one of two ways:
+    - `for_step`: a replacement for this step's decoder stack, run inside the eager forward (the
+      CPU fused decode stack);
+    - `run_step`: this step's whole forward, replayed from what `capture` recorded at warm-up
+      (CUDA graphs). The runner asks it first, before any metadata is built, and `for_step` only
+      when it declines.
+    """
 
     name: str
+    captures_steps: bool = False  # whether `capture` records steps (which then hold memory)
 
-    @abstractmethod
+    def capture(  # noqa: B027
+        self,
+        forward: ModelForward,
+        builder: AttentionMetadataBuilder,
+        block_size: int,
+        max_model_len: int,
+    ) -> None:
+        """Record what `run_step` replays, over the runner's current KV caches (called once they
+        are allocated); `builder` turns a batch over the accelerator's own static buffers into
+        metadata. Default: nothing to record."""
+
+    def release(self) -> None:  # noqa: B027
+        """Drop what `capture` recorded (the KV caches it reads are about to be freed)."""
+
+    def run_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor | None:
+        """This step's hidden states [T, D] (a view the next step may overwrite), or None to run
+        the forward eagerly."""
+        return None
+
     def for_step(
         self, batch: AttentionBatch, metadata: Any, kv_caches: dict[str, KVCache]
     ) -> FusedLayers | None:
         """The stack's replacement for this step, or None to run it layer by layer."""
+        return None
 
 
 class Platform(ABC):
@@ -191,8 +224,9 @@ class Platform(ABC):
         """The device tensor-parallel rank `rank` computes on."""
 
     @abstractmethod
-    def default_dtype(self) -> torch.dtype:
-        """The model dtype when --dtype is not given."""
+    def default_dtype(self, model_type: str | None = None) -> torch.dtype:
+        """The model dtype when --dtype is not given, for a checkpoint of `model_type`
+        (config.json's, None when unknown)."""
 
     @abstractmethod
     def kernels_for(self, dtype: torch.dtype) -> Any | None:
@@ -214,6 +248,9 @@ class Platform(ABC):
     @abstractmethod
     def default_kv_cache_cap_bytes(self) -> int | None:
         """An upper bound on the KV cache when --max-kv-cache-bytes is not given (None: no cap)."""
+
+    def bind_rank(self, rank: int) -> None:  # noqa: B027
+        """Make rank `rank`'s device this process's current one (before it joins the group)."""
 
     def ranks_share_memory(self) -> bool:
         """Whether every rank's KV cache comes out of the same memory (CPU RAM)."""

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 from pytgi import envs
 from pytgi.cli.flags import SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
+    DeviceConfig,
     EngineConfig,
+    GrammarConfig,
     LimitsConfig,
     ModelConfig,
     ParallelConfig,
@@ -47,11 +51,17 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     )
 
 
-def check_quantize(quantize: str | None, dtype: str | None) -> None:
-    """`--quantize` values pytgi does not run, and `--dtype` other than the kernels' float32, are
-    refused before anything loads (the engine checks again when it builds the model)."""
+def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
+    """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
+    engine that will not run on the CPU are refused before anything loads (the engine checks
+    again when it builds the model)."""
     if quantize is None:
         return
+    if platform != "cpu":
+        raise ConfigError(
+            f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would run on "
+            f"{platform} (PYTGI_DEVICE=cpu serves it)"
+        )
     if quantize not in SERVED_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
@@ -81,9 +91,7 @@ def num_shard(args: argparse.Namespace) -> int:
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
-    check_quantize(args.quantize, args.dtype)
-    if args.cuda_graphs:
-        logger.info("--cuda-graphs %s: no CUDA device, decode runs eagerly", args.cuda_graphs)
+    check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -100,12 +108,27 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
         ),
+        grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(
             num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
         ),
-        device=envs.device_config(),
+        device=device_config(args),
         num_threads=args.num_threads,
-        cuda_graphs=tuple(args.cuda_graphs or ()),
+    )
+
+
+def grammar_config(args: argparse.Namespace) -> GrammarConfig:
+    """The grammar limits (the router's check before admission and the engine's compiles)."""
+    return GrammarConfig(
+        compile_timeout_s=args.grammar_compile_timeout,
+        max_grammar_bytes=args.max_grammar_bytes,
+        max_grammar_size=args.max_grammar_size,
+        max_lexer_states=args.max_grammar_lexer_states,
+        initial_lexer_fuel=args.grammar_compile_fuel,
+        step_lexer_fuel=args.grammar_mask_fuel,
+        compile_threads=args.grammar_compile_threads,
+        mask_threads=args.grammar_mask_threads,
+        cache_size=args.grammar_cache_size,
     )
 
 
@@ -114,6 +137,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
 # first token; a smaller one lets the prompts start in turn between decode steps (measured in
 # docs/PERFORMANCE.md, "CPU serving defaults").
 TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # present wherever the NVIDIA driver exposes a GPU
 CPU_MAX_BATCH_PREFILL_TOKENS = 1024
 
 
@@ -126,9 +150,30 @@ def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = Tru
 
 
 def default_prefill_tokens(args: argparse.Namespace) -> int:
-    # the CPU is pytgi's only platform (backends/selector.py); a GPU platform passes its name
     chunked = not args.disable_prefill_chunking
-    return default_max_batch_prefill_tokens("cpu", chunked_prefill=chunked)
+    platform = expected_platform(device_config(args))
+    return default_max_batch_prefill_tokens(platform, chunked_prefill=chunked)
+
+
+def expected_platform(config: DeviceConfig) -> str:
+    """The platform the engine will choose (backends/selector.py), guessed here without importing
+    torch (the API process stays torch-free): on `auto`, CUDA when an NVIDIA device is visible."""
+    if config.device != "auto":
+        return config.device
+    visible = envs.cuda_visible_devices()
+    hidden = visible is not None and visible.strip() in ("", "-1")
+    return "cuda" if Path(NVIDIA_CONTROL_DEVICE).exists() and not hidden else "cpu"
+
+
+def device_config(args: argparse.Namespace) -> DeviceConfig:
+    """The environment's device config with the --cuda-* flags applied (TGI: `--cuda-graphs`
+    unset = 1,2,4,8,16,32; `0` = no graphs)."""
+    config = envs.device_config()
+    if args.cuda_graphs is not None:
+        config = replace(config, cuda_graphs=envs.parse_cuda_graphs(args.cuda_graphs))
+    if args.cuda_memory_fraction is not None:
+        config = replace(config, cuda_memory_fraction=args.cuda_memory_fraction)
+    return config
 
 
 def check_limits(args: argparse.Namespace) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import MODEL_IMPLEMENTATIONS
+from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,12 @@ def _bool(value: str) -> bool:
 
 
 def _size_list(value: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in value.split(",") if v.strip())
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated batch sizes, got '{value}'"
+        ) from None
 
 
 QUANTIZE = (
@@ -79,7 +84,8 @@ MODEL_FLAGS = [
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
         "--dtype",
-        "Compute dtype; CPU default float32 (bf16/fp16 matmul is ~40x slower here)",
+        "Compute dtype; default float32 on CPU (bf16/fp16 matmul is ~40x slower there), "
+        "float16 on CUDA (bfloat16 for the families TGI runs in bf16)",
         choices=("float32", "float16", "bfloat16"),
     ),  # fmt: skip
     Flag(
@@ -125,8 +131,13 @@ ENGINE_FLAGS = [
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
-    Flag("--cuda-graphs", "Decode batch sizes to capture (CUDA only; 0 disables)", _size_list),
-    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (CUDA only)", float, 1.0),
+    Flag(
+        "--cuda-graphs",
+        "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "
+        "CUDA only)",
+        _size_list,
+    ),  # fmt: skip
+    Flag("--cuda-memory-fraction", "Fraction of GPU memory usable (default 1.0; CUDA only)", float),
     Flag(
         "--speculate",
         "Draft tokens verified per decode step, proposed by n-gram lookup in the request's own "
@@ -187,7 +198,11 @@ SERVER_FLAGS = [
         "Return prompt logprobs with decoder_input_details",
         switch=True,
     ),  # fmt: skip
-    Flag("--disable-grammar-support", "Reject grammar / response_format", switch=True),
+    Flag(
+        "--disable-grammar-support",
+        "Reject grammar / response_format (tools are then only prompted for)",
+        switch=True,
+    ),  # fmt: skip
     Flag("--watermark-gamma", "Watermark green-list fraction", float, 0.5),
     Flag("--watermark-delta", "Watermark logit bias", float, 2.0),
     Flag("--otlp-endpoint", "OpenTelemetry collector (accepted, not used)"),
@@ -202,7 +217,57 @@ SERVER_FLAGS = [
     Flag("--weights-cache-override", "Alternate weights location"),
 ]
 
-SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS
+_GRAMMAR = GrammarConfig()
+# bounds on user grammars (grammar, response_format, tools): checked before admission, compiled by
+# the engine; `configs.grammar_config` maps them to GrammarConfig
+GRAMMAR_FLAGS = [
+    Flag(
+        "--grammar-compile-timeout",
+        "Seconds a request may wait for its grammar to compile (queueing included) before a 422",
+        float,
+        _GRAMMAR.compile_timeout_s,
+    ),  # fmt: skip
+    Flag(
+        "--max-grammar-bytes",
+        "Longest JSON schema or regex accepted, in bytes",
+        int,
+        _GRAMMAR.max_grammar_bytes,
+    ),  # fmt: skip
+    Flag(
+        "--max-grammar-size",
+        "Most grammar symbols after expanding a schema or regex",
+        int,
+        _GRAMMAR.max_grammar_size,
+    ),  # fmt: skip
+    Flag(
+        "--max-grammar-lexer-states",
+        "Most lexer states one grammar may build (each ~1-2 kB)",
+        int,
+        _GRAMMAR.max_lexer_states,
+    ),  # fmt: skip
+    Flag(
+        "--grammar-compile-fuel",
+        "Work bound of building a grammar's lexer (llguidance fuel, ~50k per ms)",
+        int,
+        _GRAMMAR.initial_lexer_fuel,
+    ),  # fmt: skip
+    Flag(
+        "--grammar-mask-fuel",
+        "Work bound of one token mask (llguidance fuel, ~14k per ms); past it the request fails",
+        int,
+        _GRAMMAR.step_lexer_fuel,
+    ),  # fmt: skip
+    Flag("--grammar-compile-threads", "Threads compiling grammars", int, _GRAMMAR.compile_threads),
+    Flag(
+        "--grammar-mask-threads",
+        "Threads computing a step's token masks",
+        int,
+        _GRAMMAR.mask_threads,
+    ),  # fmt: skip
+    Flag("--grammar-cache-size", "Compiled grammars kept", int, _GRAMMAR.cache_size),
+]
+
+SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS
 
 
 def _help(flag: Flag) -> str:

@@ -44,7 +44,7 @@ def serve(args: argparse.Namespace) -> int:
             return 1
         from pytgi.server.app import create_app
 
-        model_info = _model_info(server_cfg, args, plan)
+        model_info = _model_info(server_cfg, args, plan, engine.cache_info.device)
         app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
         return asyncio.run(run_http(app, server_cfg, engine, sock))
 
@@ -97,6 +97,8 @@ def start_engine_and_router(args: argparse.Namespace):
         cache,
         enable_prefill_logprobs=args.enable_prefill_logprobs,
         disable_grammar_support=args.disable_grammar_support,
+        engine_supports_grammar=cache.supports_grammar,
+        grammar_config=engine_cfg.grammar,
     )
     return engine, infer, server_cfg, plan
 
@@ -202,13 +204,13 @@ def _model_sha(model_dir: Path) -> str | None:
     return None
 
 
-def _model_info(server_cfg, args: argparse.Namespace, plan) -> dict:
+def _model_info(server_cfg, args: argparse.Namespace, plan, device: str) -> dict:
     num_shard = configs.num_shard(args)
     return {
         "model_id": server_cfg.model_id,
         "model_sha": server_cfg.model_sha,
         "validation_workers": args.validation_workers,
-        "compute_type": envs.compute_type() or f"{num_shard}-cpu",
+        "compute_type": envs.compute_type() or f"{num_shard}-{device}",
         "model_architecture": plan.architecture,
         "model_implementation": plan.implementation,
         "quantize": plan.quantize,

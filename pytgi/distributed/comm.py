@@ -58,9 +58,10 @@ def tp_barrier(timeout_s: float) -> None:
 
 
 def tp_min(value: int) -> int:
-    """The minimum of an integer over ranks (e.g. the KV blocks every rank can hold)."""
+    """The minimum of an integer over ranks (e.g. the KV blocks every rank can hold), on the
+    control group (a host value; the default group may be NCCL, which takes device tensors)."""
     if get_tp_info().world_size == 1:
         return value
     t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=get_control_group())
     return int(t.item())

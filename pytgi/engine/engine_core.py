@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
 from pytgi.engine.executor import Executor
+from pytgi.engine.grammar_manager import GrammarManager
 from pytgi.engine.kv_cache_manager import KVCacheManager
 from pytgi.engine.outputs import RequestOutput, SchedulerOutput
 from pytgi.engine.request import EngineRequest, Request
@@ -21,16 +23,26 @@ from pytgi.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
 
+# with only grammar compiles pending, how long a step sleeps on them before new commands are read
+GRAMMAR_WAIT_S = 0.02
+
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, executor: Executor, cache_info: CacheInfo):
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        cache_info: CacheInfo,
+        grammar: GrammarManager | None = None,
+    ):
         self.config = config
         self.executor = executor
-        self.cache_info = cache_info
+        self.grammar = grammar
+        self.cache_info = replace(cache_info, supports_grammar=grammar is not None)
         kv = KVCacheManager(
             cache_info.num_blocks, cache_info.block_size, config.cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, kv)
+        self.scheduler = Scheduler(config.scheduler, kv, grammar)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
 
     @classmethod
@@ -43,7 +55,12 @@ class EngineCore:
 
         executor = create_executor(config, on_rank_death)
         cache_info = executor.initialize()
-        return cls(config, executor, cache_info)
+        try:
+            grammar = GrammarManager.from_config(config, cache_info.vocab_size)
+        except BaseException:
+            executor.shutdown()
+            raise
+        return cls(config, executor, cache_info, grammar)
 
     def add_request(self, request: EngineRequest) -> None:
         self.scheduler.add_request(Request.from_engine_request(request))
@@ -56,8 +73,10 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         scheduler_output = self.scheduler.schedule()
+        rejected = self.scheduler.take_rejected()  # grammars that failed to compile
         if scheduler_output.is_empty:
-            return []
+            self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)  # if only compiles are pending
+            return rejected
         start = time.perf_counter()
         try:
             model_output = self.executor.execute(scheduler_output)
@@ -65,9 +84,9 @@ class EngineCore:
             raise
         except Exception as exc:  # a failed forward fails its batch, not the engine
             logger.exception("step failed")
-            return self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")
+            return rejected + self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")
         self._record(scheduler_output, time.perf_counter() - start)
-        return self.scheduler.update(scheduler_output, model_output)
+        return rejected + self.scheduler.update(scheduler_output, model_output)
 
     def _record(self, output: SchedulerOutput, elapsed_s: float) -> None:
         stats = self._stats
@@ -88,7 +107,7 @@ class EngineCore:
         scheduler, kv = self.scheduler, self.scheduler.kv
         stats = self._stats
         stats.num_running = len(scheduler.running)
-        stats.num_waiting = len(scheduler.waiting)
+        stats.num_waiting = len(scheduler.waiting) + len(scheduler.waiting_for_grammar)
         stats.num_free_kv_blocks = kv.num_free_blocks
         stats.prefix_cache_queried_tokens = kv.num_queried_tokens
         stats.prefix_cache_hit_tokens = kv.num_hit_tokens
@@ -99,4 +118,6 @@ class EngineCore:
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
         self.executor.shutdown()

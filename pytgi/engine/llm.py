@@ -17,7 +17,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from pytgi import envs
-from pytgi.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from pytgi.config import (
+    CacheConfig,
+    EngineConfig,
+    GrammarConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 from pytgi.engine.engine_core import EngineCore
 from pytgi.engine.outputs import RequestOutput
 from pytgi.engine.request import EngineRequest, FinishReason
@@ -124,13 +131,17 @@ def engine_config(
     num_shard: int = 1,
     num_threads: int | None = None,
     speculate: int = 0,
+    grammar: GrammarConfig | bool = True,
     implementation: str = "auto",
     trust_remote_code: bool = False,
     allow_pickle_weights: bool = False,
     quantize: str | None = None,
     gguf_file: str | None = None,
 ) -> EngineConfig:
-    """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`)."""
+    """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
+
+    `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
+    (True), or off (False: no vocabulary is built; grammar requests fail)."""
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
@@ -157,6 +168,7 @@ def engine_config(
             max_batch_size=max_batch_size,
             num_speculative_tokens=speculate,
         ),
+        grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard),
         device=envs.device_config(),
         num_threads=num_threads,

@@ -6,16 +6,22 @@ table across steps: a request's first step (or its first after a preemption) bri
 (`ScheduledRequest.new_token_ids`, `new_block_ids`), so a step costs O(new tokens), not
 O(context). A scheduled request may carry draft tokens to verify. Workers → scheduler:
 `ModelOutput` (per request, the accepted draft tokens then one new token). Engine → API process:
-`RequestOutput` (per-request deltas). All are plain dataclasses of Python scalars and lists:
-picklable, no torch.
+`RequestOutput` (per-request deltas). All are plain dataclasses of Python scalars, lists and
+numpy arrays: picklable, no torch.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pytgi.engine.request import FinishReason, MultimodalInput
 from pytgi.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -40,6 +46,9 @@ class ScheduledRequest:
     attending to every earlier position (the cache holds `start_pos` tokens already).
     With `sample`, the step reaches the end of the history: the workers sample the next token at
     the last history token and at each draft token, and keep drafts while they agree.
+    A request with a grammar also has `grammar_bitmask`, int32 [1 + len(draft_ids), ceil(V / 32)]:
+    row j allows the tokens the grammar accepts after the first j drafts (bit t % 32 of word
+    t // 32 for token t). Only rank 0's sampler reads it; tensor-parallel ranks never see it.
     """
 
     request_id: str
@@ -50,6 +59,7 @@ class ScheduledRequest:
     draft_ids: list[int] = field(default_factory=list)
     sample: bool = False
     prefill_logprobs: bool = False  # return logprobs for the prompt tokens run in this step
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -64,6 +74,9 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # requests whose worker state is dropped before this step (finished, aborted, preempted)
     freed_request_ids: list[str] = field(default_factory=list)
+    # set when requests have `grammar_bitmask`: the engine fills them while the step runs, and
+    # rank 0 calls this before its sampler reads them (in the engine process; never pickled)
+    grammar_masks_ready: Callable[[], None] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +108,15 @@ class ModelOutput:
     prefill_logprobs: dict[str, list[float]] = field(default_factory=dict)
 
 
+class ErrorKind(str, enum.Enum):
+    """Why the engine failed a request (`RequestOutput.error`)."""
+
+    GENERATION = "generation"  # the step failed (TGI's 424 "Request failed during generation")
+    # its grammar failed: at compile (against the vocabulary, before any token) or at a limit
+    # while generating (e.g. too many lexer states): the router's 422 with TGI's grammar texts
+    GRAMMAR = "grammar"
+
+
 @dataclass
 class RequestOutput:
     """A delta for one request: what happened to it in the last step(s)."""
@@ -107,5 +129,6 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
-    error: str | None = None  # set when the engine failed this request (generation error)
+    error: str | None = None  # set when the engine failed this request
+    error_kind: ErrorKind = ErrorKind.GENERATION
     queue_time_s: float = 0.0  # arrival → first scheduled (set on the first delta)

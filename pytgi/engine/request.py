@@ -11,11 +11,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pytgi.engine.sampling_params import SamplingParams, StoppingParams
 
+if TYPE_CHECKING:  # llguidance-backed, loaded only when grammars are on
+    from pytgi.grammar import GrammarMatcher, PendingGrammar
+
 
 class RequestStatus(enum.Enum):
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # parked until its grammar has compiled
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -82,6 +87,10 @@ class Request:
     num_output_ids_sent: int = 0
     num_block_ids_sent: int = 0
     draft_ids: list[int] = field(default_factory=list)  # proposed for the next step
+    # constrained decoding: the compile in flight, then the request's own matcher, whose state is
+    # always that after `output_ids` (preemption and recompute leave it alone)
+    pending_grammar: PendingGrammar | None = None
+    grammar: GrammarMatcher | None = None
 
     @classmethod
     def from_engine_request(cls, req: EngineRequest) -> Request:

@@ -12,16 +12,24 @@ There is one piece of arithmetic for every phase: a request runs tokens until
 history also runs its draft tokens; the workers return the drafts they accepted and one new
 token, and the scheduler keeps only the accepted drafts' K/V as computed (rollback). The
 scheduler never touches tensors.
+
+A request with a grammar waits in `waiting_for_grammar` until its grammar has compiled (off the
+step loop, `GrammarManager`), then joins `waiting`; one whose grammar fails is finished with a
+grammar error before any token. Its drafts are cut to what its grammar accepts, its sampled rows
+get token masks, and every token appended advances its matcher.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import suppress
 
 from pytgi.config import SchedulerConfig
+from pytgi.engine.grammar_manager import GrammarManager
 from pytgi.engine.kv_cache_manager import KVCacheManager
 from pytgi.engine.outputs import (
+    ErrorKind,
     ModelOutput,
     NewRequestData,
     RequestOutput,
@@ -33,11 +41,17 @@ from pytgi.engine.request import FinishReason, Request, RequestStatus
 from pytgi.engine.speculation import NgramProposer
 from pytgi.engine.stopping import check_stop, make_delta
 
+GRAMMARLESS_ENGINE = "constrained decoding is off in this engine"
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(
+        self, config: SchedulerConfig, kv: KVCacheManager, grammar: GrammarManager | None = None
+    ):
         self.config = config
         self.kv = kv
+        self.grammar = grammar
+        self.waiting_for_grammar: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -45,6 +59,7 @@ class Scheduler:
             NgramProposer(config.num_speculative_tokens) if config.num_speculative_tokens else None
         )
         self._freed_ids: list[str] = []
+        self._rejected: list[RequestOutput] = []  # grammar failures, reported with the next step
         self.num_preemptions = 0
         self.num_aborts = 0
         self.num_draft_tokens = 0
@@ -52,7 +67,14 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        if request.sampling.grammar is None:
+            self.waiting.append(request)
+        elif self.grammar is None:
+            self._reject(request, GRAMMARLESS_ENGINE)
+        else:
+            self.grammar.submit(request)
+            request.status = RequestStatus.WAITING_FOR_GRAMMAR
+            self.waiting_for_grammar.append(request)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request wherever it is; frees its blocks now. Returns False if it was unknown."""
@@ -61,6 +83,8 @@ class Scheduler:
             return False
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.status == RequestStatus.WAITING_FOR_GRAMMAR:
+            self.waiting_for_grammar.remove(request)
         else:
             self.waiting.remove(request)
         self.num_aborts += 1
@@ -68,9 +92,21 @@ class Scheduler:
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.waiting_for_grammar or self._rejected)
+
+    def take_rejected(self) -> list[RequestOutput]:
+        """The final deltas of requests whose grammar could not be used (since the last call)."""
+        rejected, self._rejected = self._rejected, []
+        return rejected
+
+    def wait_for_grammars(self, timeout_s: float) -> None:
+        """Nothing can run: sleep until a parked request's grammar is compiled (or `timeout_s`)."""
+        if self.grammar is not None and self.waiting_for_grammar:
+            self.grammar.wait(self.waiting_for_grammar, timeout_s)
 
     def schedule(self) -> SchedulerOutput:
+        if self.waiting_for_grammar:
+            self._admit_compiled_grammars()
         budget = self.config.max_batch_prefill_tokens
         output = SchedulerOutput(requests=[])
         num_preemptions = self.num_preemptions
@@ -89,7 +125,28 @@ class Scheduler:
         if self.num_preemptions == num_preemptions:  # no admissions while memory is short
             self._admit_waiting(budget, output)
         output.freed_request_ids, self._freed_ids = self._freed_ids, []
+        if self.grammar is not None:
+            self.grammar.fill_masks(output, self.requests)
         return output
+
+    def _admit_compiled_grammars(self) -> None:
+        """Move parked requests whose grammar compiled to the queue; reject the failed ones."""
+        ready, failed = self.grammar.poll(self.waiting_for_grammar)
+        for request in ready:
+            self.waiting_for_grammar.remove(request)
+            request.status = RequestStatus.WAITING
+            self.waiting.append(request)
+        for request, reason in failed:
+            self.waiting_for_grammar.remove(request)
+            self._reject(request, reason)
+
+    def _reject(self, request: Request, reason: str) -> None:
+        self._rejected.append(
+            RequestOutput(
+                request.request_id, finished=True, error=reason, error_kind=ErrorKind.GRAMMAR
+            )
+        )
+        self._finish(request, FinishReason.ABORTED)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> bool:
         """Allocate slots for `request`, preempting the newest running requests until it fits."""
@@ -175,13 +232,15 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
         """Apply a step's results: advance, append sampled tokens, stop, free, emit deltas."""
+        if self.grammar is not None:
+            self.grammar.wait_for_masks()  # joined by the sampler already; matchers advance next
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             sampled = model_output.sampled.get(scheduled.request_id) if scheduled.sample else None
-            tokens, reason = self._append(request, sampled or [])
+            tokens, reason, error = self._append(request, sampled or [])
             num_accepted = max(len(tokens) - 1, 0)  # drafts kept; the last token is new
             self.num_draft_tokens += len(scheduled.draft_ids)
             self.num_accepted_draft_tokens += num_accepted
@@ -191,6 +250,15 @@ class Scheduler:
             logprobs = model_output.prefill_logprobs.get(scheduled.request_id)
             if logprobs is not None:
                 self._gather_prompt_logprobs(request, scheduled.start_pos, logprobs)
+            if error is not None:  # its grammar failed (a limit reached): no output from here on
+                self.running.remove(request)
+                self._finish(request, FinishReason.ABORTED)
+                deltas.append(
+                    RequestOutput(
+                        request.request_id, finished=True, error=error, error_kind=ErrorKind.GRAMMAR
+                    )
+                )
+                continue
             if not tokens:
                 continue
             deltas.append(make_delta(request, tokens, reason))
@@ -199,23 +267,45 @@ class Scheduler:
                 self._finish(request, reason)
             elif self.proposer is not None:
                 room = request.stopping.max_new_tokens - request.num_output_tokens - 1
-                request.draft_ids = self.proposer.propose(request, room)
+                request.draft_ids = self._propose(request, room)
         return deltas
+
+    def _propose(self, request: Request, room: int) -> list[int]:
+        """Draft tokens for the next step; a grammar request's are cut at the first one its
+        grammar forbids, so every verified row has a mask and the matcher never rolls back."""
+        drafts = self.proposer.propose(request, room)
+        if drafts and request.grammar is not None:
+            drafts = drafts[: request.grammar.count_valid(drafts)]
+        return drafts
 
     @staticmethod
     def _append(
         request: Request, sampled: list[SampledToken]
-    ) -> tuple[list[SampledToken], FinishReason | None]:
-        """Append sampled tokens until one stops the request; returns those appended."""
+    ) -> tuple[list[SampledToken], FinishReason | None, str | None]:
+        """Append sampled tokens until one stops the request; returns those appended, the finish
+        reason, and an error if the request's grammar refused a token (its mask was EOS-only
+        because the matcher failed: a lexer limit reached mid-generation, e.g. `a{1000000}`).
+
+        A grammar request also ends where its grammar does (EOS accepted), even with
+        `ignore_eos_token`: nothing may follow.
+        """
+        grammar = request.grammar
         for i, token in enumerate(sampled):
+            if grammar is not None and not grammar.accept_token(token.token_id):
+                return sampled[:i], None, grammar.error or "the grammar refused a token"
             request.output_ids.append(token.token_id)
             reason = check_stop(request, token.token_id)
+            if reason is None and grammar is not None and grammar.is_stopped:
+                reason = FinishReason.EOS_TOKEN
             if reason is not None:
-                return sampled[: i + 1], reason
-        return sampled, None
+                return sampled[: i + 1], reason, None
+        return sampled, None, None
 
     def fail(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
         """The step raised: finish every request it ran with `error` (TGI drops the whole batch)."""
+        if self.grammar is not None:
+            with suppress(Exception):  # a failed fill failed this step: `error` says so
+                self.grammar.wait_for_masks()
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)
@@ -239,6 +329,7 @@ class Scheduler:
     def _finish(self, request: Request, reason: FinishReason) -> None:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        request.grammar = request.pending_grammar = None
         self.kv.free(request)
         self._forget_on_workers(request)
         if self.proposer is not None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from pytgi.config import GrammarConfig
 from pytgi.grammar.definition import GrammarError, grammar_definition, parser_limits
-from pytgi.grammar.matcher import GrammarMatcher
+from pytgi.grammar.matcher import NON_VERBOSE_MARK, GrammarMatcher
 from pytgi.grammar.vocab import GrammarVocab
 
 if TYPE_CHECKING:  # the spec type lives with the engine's parameters
@@ -127,7 +127,7 @@ class GrammarCompiler:
 def _raise_if_failed(matcher: llguidance.LLMatcher) -> None:
     if not matcher.is_error():
         return
-    message = matcher.get_error()
+    message = matcher.get_error().replace(NON_VERBOSE_MARK, "")
     if message.startswith("NoExtension"):  # the parser ran out of ways to continue
         message = UNSATISFIABLE
     raise GrammarError(message)

@@ -16,6 +16,11 @@ from collections.abc import Sequence
 import llguidance
 import numpy as np
 
+from pytgi.grammar.definition import one_line
+
+# what llguidance puts where its verbose errors would give the parser state (pytgi turns them off)
+NON_VERBOSE_MARK = "<non-verbose/>"
+
 
 class GrammarMatcher:
     """Wraps an llguidance matcher. llguidance never raises on grammar or token errors: the
@@ -55,9 +60,11 @@ class GrammarMatcher:
 
     @property
     def error(self) -> str | None:
+        """Why the matcher failed, for the user (one line, no parser dump), or None."""
         if not self._matcher.is_error():
             return None
-        return self._matcher.get_error() or "the grammar matcher failed"
+        message = self._matcher.get_error().replace(NON_VERBOSE_MARK, "")
+        return one_line(message) or "the grammar matcher failed"
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int = 0) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 [rows, W], C-contiguous)."""
@@ -112,17 +119,26 @@ class BitmaskFiller:
         self, rows: Sequence[tuple[GrammarMatcher, int, Sequence[int]]], bitmask: np.ndarray
     ) -> list[int]:
         """Masks for a multi-token step: for (matcher, row, drafts), `bitmask[row + j]` is the mask
-        after the first j drafts (j = 0 .. len(drafts)), one row per verification position. The
-        matchers end where they started; drafts should be cut at `count_valid` first (a row past
-        an invalid draft is left untouched). Returns the first rows of the failed matchers."""
+        after the first j drafts (j = 0 .. len(drafts)), one row per verification position; rows
+        without drafts are plain rows. The matchers end where they started; drafts should be cut
+        at `count_valid` first (a row past an invalid draft is left untouched). Returns the first
+        rows of the failed matchers."""
         if not rows:
             return []
         for _, row, drafts in rows:
             _check_bitmask(bitmask, row + len(drafts))
-        triples = [(m.llguidance_matcher, row, list(drafts)) for m, row, drafts in rows]
-        self._executor.unsafe_compute_mask_ptr_with_draft_token(
-            triples, bitmask.ctypes.data, self.width * 4, bitmask.shape[0]
-        )
+        if bitmask.shape[1] != self.width:
+            raise ValueError(f"bitmask width {bitmask.shape[1]} != {self.width}")
+        triples = [(m.llguidance_matcher, row, list(d)) for m, row, d in rows if d]
+        plain = [(m.llguidance_matcher, row) for m, row, d in rows if not d]
+        if triples:  # llguidance's draft call refuses empty drafts
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(
+                triples, bitmask.ctypes.data, self.width * 4, bitmask.shape[0]
+            )
+        if plain:
+            self._executor.unsafe_compute_mask_ptr(
+                plain, bitmask.ctypes.data, self.width * 4, bitmask.shape[0]
+            )
         return self._mark_failed([(m, row) for m, row, _ in rows], bitmask)
 
     def _mark_failed(

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 import llguidance
 
 if TYPE_CHECKING:
+    import tokenizers
+
     from pytgi.tokenizer.tokenizer import Tokenizer
+
+CHECKED_TOKENS = 2048  # tokens compared with the tokenizer's own decoding, spread over the vocab
+MAX_MISREAD_FRACTION = 0.01
 
 
 class GrammarVocab:
@@ -39,8 +44,43 @@ class GrammarVocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int | None = None) -> GrammarVocab:
-        """From pytgi's tokenizer (any model directory it loads, slow tokenizers converted)."""
-        return cls(tokenizer.backend.to_str(), tokenizer.eos_token_ids, vocab_size)
+        """From pytgi's tokenizer (any model directory it loads, slow tokenizers converted).
+
+        Raises ValueError when llguidance reads the tokens' bytes differently from the tokenizer
+        (a decoder it does not understand): its masks would not match what the tokens say.
+        """
+        vocab = cls(tokenizer.backend.to_str(), tokenizer.eos_token_ids, vocab_size)
+        vocab.check_token_bytes(tokenizer.backend)
+        return vocab
+
+    def check_token_bytes(self, backend: tokenizers.Tokenizer) -> None:
+        """Compare llguidance's bytes of ~2k tokens spread over the vocabulary with the
+        tokenizer's decoding of each after an anchor token (so that decoders that strip a
+        leading space see it mid-text); raise ValueError if more than 1 % differ."""
+        anchor = backend.encode("a", add_special_tokens=False).ids
+        if not anchor:
+            return
+        anchor_text = backend.decode(anchor[-1:], skip_special_tokens=False)
+        num_tokens = backend.get_vocab_size(with_added_tokens=False)
+        step = max(1, num_tokens // CHECKED_TOKENS)
+        ids = [t for t in range(0, num_tokens, step) if not self.tokenizer.is_special_token(t)]
+        texts = backend.decode_batch([[anchor[-1], t] for t in ids], skip_special_tokens=False)
+        checked, misread = 0, []
+        for token_id, text in zip(ids, texts, strict=True):
+            expected = text[len(anchor_text) :] if text.startswith(anchor_text) else None
+            if expected is None or "\ufffd" in expected:  # part of a UTF-8 sequence
+                continue
+            checked += 1
+            if self.tokenizer.decode_bytes([token_id]) != expected.encode():
+                misread.append((token_id, expected))
+        if len(misread) > MAX_MISREAD_FRACTION * checked:
+            token_id, expected = misread[0]
+            got = self.tokenizer.decode_bytes([token_id])
+            raise ValueError(
+                f"llguidance reads {len(misread)} of {checked} checked tokens differently from "
+                f"the tokenizer (token {token_id}: {expected!r} read as {got!r}); its "
+                "tokenizer.json decoder is not one llguidance understands"
+            )
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, vocab_size: int | None = None) -> GrammarVocab:

@@ -1,4 +1,5 @@
-"""RMSNorm with an optional fused residual add (computed in fp32, as transformers does)."""
+"""RMSNorm with an optional fused residual add (computed in fp32, as transformers does); one
+compiled kernel on CPU (fp32), one Triton kernel on CUDA."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ class RMSNorm(CustomOp):
         """The compiled kernel writes residual + x into `residual` (its owner, the decoder stack,
         never reads the old value again)."""
         if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
+            return self.forward_native(x, residual)
+        if residual is None:
+            return self.kernels.rms_norm(x, self.weight, self.eps)
+        return self.kernels.add_rms_norm_(x, residual, self.weight, self.eps), residual
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """The Triton kernel, which (like the CPU one) writes residual + x into `residual`."""
+        if x.stride(-1) != 1 or (residual is not None and not residual.is_contiguous()):
             return self.forward_native(x, residual)
         if residual is None:
             return self.kernels.rms_norm(x, self.weight, self.eps)

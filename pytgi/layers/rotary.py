@@ -150,11 +150,16 @@ class RotaryEmbedding(nn.Module):
     def num_positions(self) -> int:
         return self.cos_table.shape[0]
 
-    def reserve(self, num_positions: int) -> None:
-        """Cover positions < num_positions (grown geometrically). The model runner calls it
-        before a step's forward with the step's longest sequence: never inside the forward."""
-        if num_positions > self.num_positions:
+    def reserve(self, num_positions: int) -> bool:
+        """Cover positions < num_positions (grown geometrically, on the table's device); True when
+        the table was rebuilt. The model runner calls it before a step's forward with the step's
+        longest sequence: never inside the forward (nor inside a captured CUDA graph, which
+        would go on reading the old table: the runner captures again)."""
+        if num_positions <= self.num_positions:
+            return False
+        with torch.device(self.cos_table.device):
             self._build_table(max(num_positions, 2 * self.num_positions))
+        return True
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions [T] (each < the table's length) -> (cos, signed sin), each [T, 1,
@@ -177,15 +182,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class ApplyRotary(CustomOp):
-    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU kernel rotates x
-    in place, the reference returns a new tensor: use the return value, and do not need x
-    unrotated afterwards."""
+    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU and CUDA kernels
+    rotate x in place, the reference returns a new tensor: use the return value, and do not need
+    x unrotated afterwards."""
 
     def forward_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         return apply_rotary(x, cos, sin)
 
     def forward_cpu(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
+        return x
+
+    def forward_cuda(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # the Triton kernel, in place
         return x
 
 

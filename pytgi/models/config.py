@@ -16,6 +16,7 @@ role at all, so a flag added later is refused until someone teaches the accelera
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def field_role(spec_type: type, name: str) -> str | None:
         if f.name == name:
             return f.metadata.get("role")
     return None
+
+
+def read_model_type(model_dir: Path) -> str | None:
+    """config.json's `model_type` (None when absent or unreadable: the loader reports those)."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load_hf_config(model_dir: Path, trust_remote_code: bool = False):

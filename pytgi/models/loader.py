@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from pytgi.config import ModelConfig
-from pytgi.errors import ModelLoadError
+from pytgi.errors import ConfigError, ModelLoadError
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
@@ -246,6 +246,11 @@ def build_model(
     dtype = context.dtype
     checkpoint = _Checkpoint(model_config, model_dir)
     quant_config = checkpoint.quant_config(hf_config, dtype, model_class)
+    if quant_config is not None and context.platform_name != "cpu":
+        raise ConfigError(
+            f"{quant_config.name} weights run on pytgi's CPU kernels only, and this engine runs "
+            f"on {context.platform_name} (PYTGI_DEVICE=cpu serves them)"
+        )
     with _default_dtype(dtype), torch.device(device), build_context(context):
         model = model_class(spec, quant_config)
     check_checkpoint_names(model, checkpoint.names())  # a missing tensor: refused before reading

@@ -4,7 +4,9 @@
 `ValidationError` with TGI's texts: structural problems are "grammar is not valid: …", schemas the
 grammar engine cannot compile "cannot compile regex from schema: …" (TGI's text for the same
 class of failure). `compile_check` runs the grammar engine's own tokenizer-free check; both run
-before admission, so a bad grammar is a 422, never an engine crash.
+before admission, so a bad grammar is a 422, never an engine crash. What only fails against the
+vocabulary fails in the engine's compile, before any token: `grammar_error` gives it the same
+texts.
 
 TGI (outlines) reads a schema node with `properties` and no `type` as an object; JSON Schema reads
 it as "any value". pytgi follows TGI: such nodes get `"type": "object"` before compiling.
@@ -20,6 +22,7 @@ from typing import Any
 
 from pytgi.config import GrammarConfig
 from pytgi.engine.sampling_params import GrammarSpec
+from pytgi.errors import ValidationError
 from pytgi.router.errors import input_error
 from pytgi.router.params import GrammarParam
 
@@ -48,11 +51,15 @@ async def compile_check(spec: GrammarSpec, config: GrammarConfig) -> None:
         )
     except asyncio.TimeoutError:  # noqa: UP041 - not the builtin before Python 3.11
         problem = f"compiling the grammar took more than {config.compile_timeout_s:g} s"
-    if problem is None:
-        return
+    if problem is not None:
+        raise grammar_error(spec, problem)
+
+
+def grammar_error(spec: GrammarSpec, problem: str) -> ValidationError:
+    """422 for a grammar the grammar engine cannot compile, in TGI's words."""
     if spec.kind == "json":
-        raise input_error(f"cannot compile regex from schema: {problem}")
-    raise input_error(f"grammar is not valid: {problem}")
+        return input_error(f"cannot compile regex from schema: {problem}")
+    return input_error(f"grammar is not valid: {problem}")
 
 
 @lru_cache(maxsize=256)

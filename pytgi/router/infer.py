@@ -18,12 +18,13 @@ from typing import Any
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
 from pytgi.engine.client import EngineClient
-from pytgi.engine.outputs import RequestOutput
+from pytgi.engine.outputs import ErrorKind, RequestOutput
 from pytgi.engine.request import FinishReason
 from pytgi.errors import IncompleteGenerationError, OverloadedError
 from pytgi.router import request_metrics
 from pytgi.router.chat import ChatRenderer
 from pytgi.router.errors import IncompleteStreamError, generation_error
+from pytgi.router.grammar import grammar_error
 from pytgi.router.outputs import (
     ChatPrompt,
     Generation,
@@ -242,7 +243,7 @@ class Infer:
         stream = self.engine.generate(req.engine_request(uuid.uuid4().hex, builder.seed))
         try:
             async for delta in stream:
-                _check_delta(delta)
+                _check_delta(delta, req)
                 steps = builder.add(delta)
                 if builder.finished and not steps:
                     break
@@ -259,9 +260,12 @@ def _incomplete() -> IncompleteGenerationError:
     return IncompleteGenerationError("Incomplete generation")
 
 
-def _check_delta(delta: RequestOutput) -> None:
-    if delta.error is not None:
-        raise generation_error(delta.error)
+def _check_delta(delta: RequestOutput, req: ValidRequest) -> None:
+    if delta.error is None:
+        return
+    if delta.error_kind == ErrorKind.GRAMMAR and req.grammar is not None:
+        raise grammar_error(req.grammar, delta.error)  # 422, before any token
+    raise generation_error(delta.error)
 
 
 def _candidate_seeds(req: ValidRequest) -> list[int | None]:

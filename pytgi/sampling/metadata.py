@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
 import torch
 
 from pytgi.engine.sampling_params import SamplingParams
@@ -29,6 +30,8 @@ class SampleRow:
     history: list[int]  # the request's tokens so far (prompt + generated); not copied
     drafts: list[int]  # draft tokens between the history and this row
     output_index: int  # which generated token this row chooses (seeds its draw)
+    # the tokens its grammar allows here: int32 [ceil(V / 32)], bit t % 32 of word t // 32
+    grammar_mask: np.ndarray | None = None
 
     @property
     def last_token(self) -> int:
@@ -66,6 +69,14 @@ class PenaltyInputs:
 
 
 @dataclass(frozen=True)
+class GrammarMasks:
+    """The token masks of the rows that have a grammar."""
+
+    rows: list[int] | None  # batch rows; None = every row
+    bitmask: np.ndarray  # int32 [G, ceil(V / 32)], row i for rows[i]
+
+
+@dataclass(frozen=True)
 class SamplingMetadata:
     num_rows: int
     top_n: list[int]  # alternatives to report per row
@@ -75,6 +86,7 @@ class SamplingMetadata:
     watermark_rows: list[int]
     watermark_prev_tokens: list[int]  # per watermark row: the last token of its history
     penalties: PenaltyInputs | None
+    grammar: GrammarMasks | None
     temperature: torch.Tensor | None  # [B]
     top_k: RowParams | None
     top_p: RowParams | None
@@ -87,6 +99,10 @@ class SamplingMetadata:
     @property
     def any_watermark(self) -> bool:
         return bool(self.watermark_rows)
+
+    @property
+    def any_grammar(self) -> bool:
+        return self.grammar is not None
 
     @property
     def any_warper(self) -> bool:
@@ -118,11 +134,20 @@ class SamplingMetadata:
             watermark_rows=watermark_rows,
             watermark_prev_tokens=[rows[i].last_token for i in watermark_rows],
             penalties=build_penalties(rows, vocab_size, device),
+            grammar=build_grammar_masks(rows),
             temperature=build_temperature(params, device),
             top_k=build_row_params(params, "top_k", 0, torch.int64, device),
             top_p=build_row_params(params, "top_p", 1.0, torch.float32, device),
             typical_p=build_row_params(params, "typical_p", 1.0, torch.float32, device),
         )
+
+
+def build_grammar_masks(rows: list[SampleRow]) -> GrammarMasks | None:
+    picked = [i for i, r in enumerate(rows) if r.grammar_mask is not None]
+    if not picked:
+        return None
+    bitmask = np.stack([rows[i].grammar_mask for i in picked])  # [G, W]
+    return GrammarMasks(rows=None if len(picked) == len(rows) else picked, bitmask=bitmask)
 
 
 def build_temperature(params: list[SamplingParams], device) -> torch.Tensor | None:

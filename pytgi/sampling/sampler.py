@@ -1,12 +1,14 @@
 """Sampler: one step's logits → one `SampledToken` per row, as TGI chooses tokens (contract §7).
 
-Order: watermark → repetition penalty → frequency penalty → temperature → top-k → top-p →
-typical-p → greedy argmax or seeded sampling. Each stage is a field of `SamplingMetadata` (None when
-no row needs it) and a step of `Sampler.process` at its place in that order: a new processor
-adds both. The reported logprob is log_softmax of the processed
-scores (as TGI), and top-n alternatives come from the same logprobs. Only the processors some row
-needs run; an all-greedy batch without penalties or watermark takes a fast path (argmax + one
-log_softmax).
+Order: watermark → repetition penalty → frequency penalty → grammar → temperature → top-k →
+top-p → typical-p → greedy argmax or seeded sampling. Each stage is a field of `SamplingMetadata`
+(None when no row needs it) and a step of `Sampler.process` at its place in that order: a new
+processor adds both. The reported logprob is log_softmax of the processed scores (as TGI), and
+top-n alternatives come from the same logprobs. Only the processors some row needs run; an
+all-greedy batch without penalties, watermark or grammar takes a fast path (argmax + one
+log_softmax). The grammar stage sets the tokens a row's grammar forbids to -inf (its mask comes
+from the engine, rank 0 only), so greedy, seeded sampling and the logprobs all see the
+constrained distribution.
 
 Seeded sampling is batch-invariant and survives preemption: the request's k-th generated token is
 drawn by inverse CDF with one uniform number `u(seed, k)` (the k-th output of a splitmix64 stream
@@ -21,8 +23,9 @@ from __future__ import annotations
 import torch
 
 from pytgi.engine.outputs import SampledToken
+from pytgi.grammar.bitmask import apply_token_bitmask_
 from pytgi.sampling.logprobs import compute_top_n
-from pytgi.sampling.metadata import PenaltyInputs, SampleRow, SamplingMetadata
+from pytgi.sampling.metadata import GrammarMasks, PenaltyInputs, SampleRow, SamplingMetadata
 from pytgi.sampling.processors import (
     apply_frequency_penalty,
     apply_repetition_penalty,
@@ -60,7 +63,7 @@ class Sampler:
             return []
         logits = logits.float()  # [B, V]
         md = SamplingMetadata.from_rows(rows, self.vocab_size, logits.device)
-        if md.all_greedy and not (md.any_penalty or md.any_watermark):
+        if md.all_greedy and not (md.any_penalty or md.any_watermark or md.any_grammar):
             token_ids = logits.argmax(dim=-1)  # [B]
             logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
         else:
@@ -77,6 +80,8 @@ class Sampler:
             scores = self.apply_watermark(scores, md)
         if md.penalties is not None:
             scores = apply_penalties(scores, md.penalties)
+        if md.grammar is not None:
+            scores = apply_grammar(scores, md.grammar)
         if md.temperature is not None:
             scores = apply_temperature(scores, md.temperature)
         for params, warp in (
@@ -108,6 +113,11 @@ def apply_penalties(scores: torch.Tensor, penalties: PenaltyInputs) -> torch.Ten
         )
     flat_scores[penalties.token_index] = logits  # pairs are distinct: a plain scatter
     return scores
+
+
+def apply_grammar(scores: torch.Tensor, grammar: GrammarMasks) -> torch.Tensor:
+    """-inf at the tokens each grammar row's mask forbids, in place: [B, V] → [B, V]."""
+    return apply_token_bitmask_(scores, grammar.bitmask, grammar.rows)
 
 
 def choose_tokens(

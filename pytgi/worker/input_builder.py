@@ -152,6 +152,7 @@ class InputBuilder:
             state = states[r.request_id]
             if r.sample:
                 last = flat_start[r.request_id] + r.num_tokens - 1  # the last history token
+                masks = r.grammar_bitmask  # int32 [1 + drafts, W] or None
                 for j in range(len(r.draft_ids) + 1):
                     indices.append(last + j)
                     sample_rows.append(
@@ -161,6 +162,7 @@ class InputBuilder:
                             state.token_ids,
                             r.draft_ids[:j],
                             state.num_output_tokens + j,
+                            None if masks is None else masks[j],
                         )
                     )
                 per_request.append((r.request_id, len(r.draft_ids) + 1))

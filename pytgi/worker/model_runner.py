@@ -1,8 +1,10 @@
 """ModelRunner: one rank's model, KV caches and step execution.
 
 Life cycle (driven by the Worker): `load_model` -> `warm_up` (a dummy step through `execute`, on a
-temporary cache) -> `profile_num_blocks` -> `allocate_kv_cache(num_blocks)`; then `execute` per
-step on rank 0, `execute_inputs` on the other ranks (which get each step's inputs from rank 0).
+temporary cache, then the accelerator's capture, measured and released) -> `profile_num_blocks`
+(from the memory left, the released capture's memory still held by the allocator) ->
+`allocate_kv_cache(num_blocks)` -> `capture_decode_steps`; then `execute` per step on rank 0,
+`execute_inputs` on the other ranks (which get each step's inputs from rank 0).
 
 The runner owns what a step needs besides the model: the workers' request states, the input
 builder, the attention backend's metadata builder, the KV caches (allocated from the layers'
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import torch
 
@@ -26,6 +29,7 @@ from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
 from pytgi.layers.rotary import RotaryEmbedding
+from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
 from pytgi.worker.request_states import RequestStates
@@ -45,8 +49,8 @@ class ModelRunner:
         self.device = platform.device_for_rank(rank)
         self.block_size = config.cache.block_size
         dtype = config.model.dtype
-        self.dtype = getattr(torch, dtype) if dtype else platform.default_dtype()
-        self.attention = platform.attention_backend(self.dtype)
+        self.dtype = getattr(torch, dtype) if dtype else None  # None: the platform's, at load
+        self.attention = None
         self.input_builder = InputBuilder(self.block_size, self.device)
         self.states = RequestStates()
         self.model = None
@@ -64,6 +68,9 @@ class ModelRunner:
     # ---- set-up -------------------------------------------------------------------------------
 
     def load_model(self, model_dir) -> None:
+        if self.dtype is None:
+            self.dtype = self.platform.default_dtype(read_model_type(model_dir))
+        self.attention = self.platform.attention_backend(self.dtype)
         context = BuildContext(
             platform_name=self.platform.name,
             kernels=self.platform.kernels_for(self.dtype),
@@ -101,6 +108,8 @@ class ModelRunner:
         )
 
     def free_kv_cache(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.release()  # what it captured reads these caches
         self.kv_caches = {}
         self.metadata_builder = None
         self.num_blocks = 0
@@ -122,7 +131,30 @@ class ModelRunner:
         if self.sampler is not None:
             self.sampler(logits.float(), plan.sample_rows)
         self.states.clear()
+        self.capture_decode_steps()  # its memory stays with the allocator while the KV is sized
         self.free_kv_cache()
+
+    @torch.inference_mode()
+    def capture_decode_steps(self) -> None:
+        """Let the decode-step accelerator record its steps over the current KV caches (CUDA
+        graphs), logging the time and memory it took; nothing for accelerators that record none."""
+        accelerator = self.accelerator
+        if accelerator is None or not accelerator.captures_steps:
+            return
+        available = self.platform.available_memory_bytes()
+        start_s = time.perf_counter()
+        max_model_len = self.config.model.max_model_len or self.spec.max_position_embeddings
+        accelerator.capture(
+            self._forward_with, self.metadata_builder, self.block_size, max_model_len
+        )
+        self.platform.synchronize()
+        used = max(0, available - self.platform.available_memory_bytes())
+        logger.info(
+            "%s: captured in %.2f s, %.1f MiB of device memory",
+            accelerator.name,
+            time.perf_counter() - start_s,
+            used / 2**20,
+        )
 
     def profile_num_blocks(self) -> int:
         """KV blocks that fit in the memory left after weights and warm-up, within the cap."""
@@ -162,6 +194,8 @@ class ModelRunner:
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
+        if scheduler_output.grammar_masks_ready is not None:
+            scheduler_output.grammar_masks_ready()  # filled by the engine during the forward
         sampled = self.sampler(logits.float(), plan.sample_rows)
         return ModelOutput(
             sampled=accept_drafts(plan, sampled),
@@ -195,14 +229,24 @@ class ModelRunner:
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
-        for table in self.rotary_tables:
-            table.reserve(longest)
+        grown = [table.reserve(longest) for table in self.rotary_tables]
+        accelerator = self.accelerator
+        if accelerator is not None:
+            if any(grown) and accelerator.captures_steps:
+                self.capture_decode_steps()  # the recorded steps read the old tables
+            hidden = accelerator.run_step(inputs.input_ids, inputs.positions, inputs.attn)
+            if hidden is not None:  # replayed: no metadata built, no layer run from Python
+                return hidden
         metadata = self.metadata_builder.build(inputs.attn)
         fused = None
-        if self.accelerator is not None:
-            fused = self.accelerator.for_step(inputs.attn, metadata, self.kv_caches)
+        if accelerator is not None:
+            fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
+        return self._forward_with(inputs.input_ids, inputs.positions, metadata, fused)
+
+    def _forward_with(self, input_ids, positions, metadata, fused=None) -> torch.Tensor:
+        """The model's forward over this runner's KV caches: hidden [T, hidden]."""
         with forward_context(metadata, self.kv_caches, fused):
-            return self.model(inputs.input_ids, inputs.positions)  # [T, hidden]
+            return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:
         """Logprob of each input token of a row given the tokens before it (NaN at position 0)."""

@@ -34,6 +34,7 @@ class Worker:
         self.rank = rank
         world_size = config.parallel.num_shard
         self.platform = select_platform(config.device)
+        self.platform.bind_rank(rank)
         num_threads = config.num_threads or self.platform.threads_per_rank(world_size)
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -67,9 +68,11 @@ class Worker:
                 "size or raise --max-kv-cache-bytes / memory fraction"
             )
         self.runner.allocate_kv_cache(num_blocks)
+        self.runner.capture_decode_steps()
         t3 = time.perf_counter()
         logger.info(
-            "rank %d ready: load %.2fs, warm-up (%d prefill tokens) %.2fs, KV alloc %.2fs",
+            "rank %d ready: load %.2fs, warm-up (%d prefill tokens) %.2fs, KV alloc and capture "
+            "%.2fs",
             self.rank,
             t1 - t0,
             prefill_tokens,
@@ -100,6 +103,7 @@ class Worker:
             dtype=str(self.runner.dtype).removeprefix("torch."),
             device=self.platform.name,
             warmup_s=warmup_s,
+            vocab_size=self.runner.spec.vocab_size,
         )
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:

@@ -24,13 +24,15 @@ def metric(url: str, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def guarded_server(tiny_model_factory, tmp_path_factory):
-    """A server with an API key, one concurrent request and a small payload limit."""
+    """A server with an API key, one concurrent request, a small payload limit and grammars
+    off."""
     log = tmp_path_factory.mktemp("guarded") / "server.log"
     server = ServerProcess(
         tiny_model_factory("llama"),
         "--api-key", "s3cret",
         "--max-concurrent-requests", "1",
         "--payload-limit", "2000",
+        "--disable-grammar-support",
         "--request-header-timeout", "1",
         "--request-body-timeout", "1.5",
         "--max-connections", "40",
@@ -68,6 +70,15 @@ def test_api_key_is_enforced(guarded_server):
     assert metric(guarded_server.url, "tgi_request_success") >= 1
     assert metric(guarded_server.url, "tgi_request_generated_tokens_count") >= 1
     assert httpx.get(f"{guarded_server.url}/health").status_code == 200  # not protected
+
+
+def test_disable_grammar_support_keeps_tgi_refusal(guarded_server):
+    grammar = {"type": "regex", "value": "[a-z]+"}
+    body = {"inputs": "hi", "parameters": {"max_new_tokens": 2, "grammar": grammar}}
+    resp = httpx.post(f"{guarded_server.url}/generate", json=body, headers=AUTH, timeout=60)
+    assert resp.status_code == 422
+    assert resp.json()["error"] == "Input validation error: grammar is not supported"
+    assert "constrained decoding on" not in guarded_server.logs()  # no vocabulary was built
 
 
 def test_payload_limit_is_413(guarded_server):

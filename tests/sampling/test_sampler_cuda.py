@@ -52,3 +52,19 @@ def test_seeded_sampling_is_batch_invariant_on_cuda(position):
     logits[position] = alone_logits[0]
     batch = others[:position] + [target] + others[position:]
     assert Sampler(VOCAB)(logits, batch)[position] == alone
+
+
+def test_seeded_draws_equal_the_cpu_draws():
+    """Same logits on both devices: every seeded row draws the same token (one uniform per row
+    from (seed, step), an inverse-CDF search over a float64 cumsum, on either device)."""
+    rows = [
+        build_request(prompt_ids=[1, 2 + i], output_ids=[4] * (i % 3), do_sample=True,
+                      seed=1000 + i, temperature=0.7 + 0.1 * (i % 4), top_k=50 * (i % 2))
+        for i in range(48)
+    ]  # fmt: skip
+    logits = random_logits(len(rows), seed=3)
+    cpu = Sampler(VOCAB)(logits, rows)
+    gpu = Sampler(VOCAB)(logits.cuda(), rows)
+    assert [t.token_id for t in gpu] == [t.token_id for t in cpu]
+    for a, b in zip(cpu, gpu, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)

@@ -44,7 +44,7 @@ class CpuPlatform(Platform):
     def device_for_rank(self, rank: int) -> torch.device:
         return torch.device("cpu")
 
-    def default_dtype(self) -> torch.dtype:
+    def default_dtype(self, model_type: str | None = None) -> torch.dtype:
         # bf16/fp16 matmuls and SDPA are 3-40x slower than fp32 on CPUs without AMX / AVX512-BF16
         return torch.float32
 

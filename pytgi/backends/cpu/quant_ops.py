@@ -63,7 +63,9 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks[:, :k] = x
     blocks = blocks.view(m, -1, KBLOCK)
     amax = blocks.abs().amax(dim=2, keepdim=True)  # [M, KB, 1]
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # a true division, as the kernels do: `127.0 / amax` would be reciprocal(amax) * 127 in torch,
+    # two roundings, which moves x * inv across a .5 now and then
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     q = torch.round(blocks * inv).int().view(m, kp)
     return q, (amax / 127.0).squeeze(2)
 

@@ -15,10 +15,13 @@ CPUINFO = Path("/proc/cpuinfo")
 LOADAVG = Path("/proc/loadavg")
 
 
-def machine_info() -> dict:
+def machine_info(device: str = "cpu") -> dict:
     import transformers
 
+    gpu = torch.cuda.get_device_name() if device == "cuda" else None
     return {
+        "device": device,
+        "gpu_name": gpu,
         "cpu_model": cpu_model(),
         "num_cores": os.cpu_count(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),

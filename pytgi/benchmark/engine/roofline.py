@@ -1,9 +1,11 @@
 """The roofline the benchmark compares against, measured in the same run.
 
 Machine: read bandwidth from a sum over a tensor far larger than the L3 cache, fp32 GEMM throughput
-from a square `torch.mm` (cpu-kernels.md §1). Model: parameter counts from the checkpoint's
-safetensors headers, giving the weight bytes one decode step must read and the matmul FLOPs of one
-prompt token.
+from a square `torch.mm` (cpu-kernels.md §1). On a GPU: device-to-device copy bandwidth (bytes
+read plus bytes written per second, what a decode step's weight streaming is held to) and the
+GEMM throughput of the benchmark's dtype, timed with CUDA events. Model: parameter counts from the
+checkpoint's safetensors headers, giving the weight bytes one decode step must read and the matmul
+FLOPs of one prompt token.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 @dataclass(frozen=True)
 class MachineRoofline:
-    bandwidth_gb_s: float  # sustained read bandwidth
-    gemm_gflop_s: float  # fp32 torch.mm
+    bandwidth_gb_s: float  # sustained read bandwidth (GPU: copy bandwidth, read + write)
+    gemm_gflop_s: float  # torch.mm: fp32 on CPU, the benchmark's dtype on GPU
     num_threads: int
     others: float | None  # contention while measuring
 
@@ -83,12 +85,44 @@ def measure_gemm_gflop_s(size: int = 2048, repeats: int = 3) -> float:
     return 2 * size**3 / statistics.median(times) / 1e9
 
 
-def measure_machine(num_bytes: int = 1 << 30, gemm_size: int = 2048) -> MachineRoofline:
+def measure_machine(
+    num_bytes: int = 1 << 30, gemm_size: int = 2048, device: str = "cpu", dtype: str = "float32"
+) -> MachineRoofline:
     start = contention.snapshot()
-    bandwidth = measure_bandwidth_gb_s(num_bytes)
-    gemm = measure_gemm_gflop_s(gemm_size)
+    if device == "cuda":
+        bandwidth = measure_gpu_copy_gb_s(num_bytes)
+        gemm = measure_gpu_gemm_gflop_s(max(gemm_size, 8192), getattr(torch, dtype))
+    else:
+        bandwidth = measure_bandwidth_gb_s(num_bytes)
+        gemm = measure_gemm_gflop_s(gemm_size)
     others = contention.others_fraction(start, contention.snapshot())
     return MachineRoofline(bandwidth, gemm, torch.get_num_threads(), others)
+
+
+def _gpu_median_s(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def measure_gpu_copy_gb_s(num_bytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy of `num_bytes`: (read + written bytes) per second."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * num_bytes / _gpu_median_s(lambda: dst.copy_(src), repeats) / 1e9
+
+
+def measure_gpu_gemm_gflop_s(size: int, dtype: torch.dtype, repeats: int = 10) -> float:
+    a = torch.randn(size, size, device="cuda").to(dtype)
+    b = torch.randn(size, size, device="cuda").to(dtype)
+    return 2 * size**3 / _gpu_median_s(lambda: torch.mm(a, b), repeats) / 1e9
 
 
 def model_footprint(model_dir: Path, dtype: str) -> ModelFootprint:

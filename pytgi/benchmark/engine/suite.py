@@ -93,12 +93,14 @@ def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult
     start_s = time.perf_counter()
     model_dir = _model_dir(options.model_id)
     footprint = model_footprint(model_dir, options.dtype)
-    runners, hf_attn, close = _load_runners(options, model_dir)
-    result = BenchResult(options, machine_info(), footprint, hf_attn)
+    runners, hf_attn, device, close = _load_runners(options, model_dir)
+    result = BenchResult(options, machine_info(device), footprint, hf_attn)
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
         for workload in options.workloads:
-            case = _CaseRun(workload, _runners_for(workload, runners), options, vocab_size, log)
+            case = _CaseRun(
+                workload, _runners_for(workload, runners), options, vocab_size, log, device
+            )
             case.warm_up()
             roofline = case.measure_roofline()
             runs = {
@@ -128,13 +130,14 @@ def _load_runners(options: BenchOptions, model_dir: Path):
     core = engine(options.model_implementation)
     _check_capacity(options, core.cache_info.max_total_tokens)
     cores = [core]
+    device = core.cache_info.device  # the platform pytgi chose; the baseline runs there too
     runners: dict[str, Runner] = {"pytgi": PytgiRunner(core).run}
     hf_attn = None
     hf_baselines = [name for name in options.baselines if name.startswith("hf_")]
     if hf_baselines:
         from pytgi.benchmark.engine.hf_runner import HfRunner
 
-        hf = HfRunner(model_dir, options.dtype, options.sequential_sample)
+        hf = HfRunner(model_dir, options.dtype, options.sequential_sample, device)
         hf_attn = hf.attn_implementation
         available = {"hf_sequential": hf.run_sequential, "hf_static": hf.run_static}
         runners.update({name: available[name] for name in hf_baselines})
@@ -146,7 +149,7 @@ def _load_runners(options: BenchOptions, model_dir: Path):
         for each in cores:
             each.shutdown()
 
-    return runners, hf_attn, close
+    return runners, hf_attn, device, close
 
 
 def _runners_for(workload: Workload, runners: dict[str, Runner]) -> dict[str, Runner]:
@@ -164,6 +167,7 @@ class _CaseRun:
     options: BenchOptions
     vocab_size: int
     log: Callable[[str], None]
+    device: str = "cpu"
 
     def warm_up(self) -> None:
         warm = warmup_workload(self.workload)
@@ -175,9 +179,13 @@ class _CaseRun:
                 runner(warm, prompts)
 
     def measure_roofline(self) -> MachineRoofline:
-        roofline = measure_machine(self.options.bandwidth_bytes, self.options.gemm_size)
+        options = self.options
+        roofline = measure_machine(
+            options.bandwidth_bytes, options.gemm_size, self.device, options.dtype
+        )
+        where = "GPU" if self.device == "cuda" else f"{roofline.num_threads} torch threads"
         self.log(
-            f"[{self.workload.name}] roofline with {roofline.num_threads} torch threads: "
+            f"[{self.workload.name}] roofline on {where}: "
             f"{roofline.bandwidth_gb_s:.1f} GB/s, {roofline.gemm_gflop_s:.1f} GFLOP/s"
         )
         return roofline

@@ -1,0 +1,1 @@
+"""pytgi.backends.cuda: the NVIDIA GPU platform (Triton kernels, CUDA graphs, NCCL)."""
