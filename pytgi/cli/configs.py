@@ -57,15 +57,15 @@ def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu
     again when it builds the model)."""
     if quantize is None:
         return
-    if platform != "cpu":
-        raise ConfigError(
-            f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would run on "
-            f"{platform} (PYTGI_DEVICE=cpu serves it)"
-        )
     if quantize not in SERVED_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
             f"(supported: {', '.join(SERVED_QUANTIZE)})"
+        )
+    if platform != "cpu":
+        raise ConfigError(
+            f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would run on "
+            f"{platform} (PYTGI_DEVICE=cpu serves it)"
         )
     if dtype not in (None, "float32"):
         raise ConfigError(
