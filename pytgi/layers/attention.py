@@ -8,6 +8,8 @@ path), so model code passes only q, k and v.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -73,3 +75,16 @@ class Attention(nn.Module):
         """q [T, H, D], k [T, KVH, D], v [T, KVH, Dv] -> [T, H, Dv]."""
         ctx = get_forward_context()
         return self.impl.forward(q, k, v, ctx.kv_caches[self.layer_name], ctx.attn_metadata)
+
+
+def alibi_slopes(num_heads: int, scale: float = 1.0) -> tuple[float, ...]:
+    """ALiBi's per-head slopes (Press et al.; BLOOM's and Baichuan's formula): for the largest
+    power of two n <= num_heads, 2^(-8 i / n) for i = 1..n, then every other slope of the 2n
+    sequence for the remaining heads; each times `scale` (Falcon adds the bias before its
+    1/sqrt(head_dim) scaling: scale = head_dim ** -0.5)."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base**i for i in range(1, closest + 1)]
+    extra_base = 2.0 ** (-4.0 / closest)
+    slopes += [extra_base**i for i in range(1, 2 * (num_heads - closest), 2)]
+    return tuple(s * scale for s in slopes)

@@ -21,6 +21,12 @@ class CustomOp(nn.Module):
         self.kernels = context.kernels if platform_forward is not None else None
         self._forward = platform_forward if self.kernels is not None else self.forward_native
 
+    def native_on(self, *platforms: str) -> None:
+        """Use the reference on these platforms: for an option their kernel does not implement.
+        Called by a subclass's constructor once its options are known."""
+        if current_build_context().platform_name in platforms:
+            self.kernels, self._forward = None, self.forward_native
+
     def forward(self, *args, **kwargs):
         return self._forward(*args, **kwargs)
 

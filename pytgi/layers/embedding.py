@@ -75,7 +75,7 @@ class VocabParallelEmbedding(nn.Module):
         method.create_weights(self, self.embedding_dim, [num_rows], dtype, self._load_rows)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        expected = (self.num_embeddings, self.embedding_dim)
+        expected = (self.num_embeddings, self.embedding_dim)[: param.dim()]  # weight or bias
         if tuple(loaded.shape) != expected:
             raise ModelLoadError(
                 f"checkpoint shape {tuple(loaded.shape)} does not match the expected {expected}"
@@ -120,7 +120,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Projects hidden states to vocabulary logits; may share its weight with the embedding."""
+    """Projects hidden states to vocabulary logits (plus a bias when the checkpoint has one: Phi,
+    GPT-J); may share its weight with the embedding."""
 
     def __init__(
         self,
@@ -128,12 +129,19 @@ class ParallelLMHead(VocabParallelEmbedding):
         embedding_dim: int,
         params_dtype=None,
         quant_config: QuantConfig | None = None,
+        bias: bool = False,
     ):
         super().__init__(num_embeddings, embedding_dim, params_dtype)
         self.tied_embedding: VocabParallelEmbedding | None = None
+        dtype = params_dtype or torch.get_default_dtype()
+        self.bias = None  # [num_local], this rank's vocabulary range (zero past the vocabulary)
+        self.bias_packed = None  # [C * width] once the weight is packed
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.num_local, dtype=dtype), requires_grad=False)
+            set_weight_attrs(self.bias, weight_loader=self.weight_loader)
         self.head_method = quant_config.get_lm_head_method(self.kernels) if quant_config else None
         if self.head_method is not None:  # this rank's real rows, packed as they load
-            self._quantized_weight(self.head_method, params_dtype or torch.get_default_dtype())
+            self._quantized_weight(self.head_method, dtype)
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding's matrix (tie_word_embeddings). Quantized: the checkpoint's
@@ -158,6 +166,9 @@ class ParallelLMHead(VocabParallelEmbedding):
             return
         width = TILE if self.kernels is not None else VOCAB_BLOCK
         self.blocks = pack_column_tiles(weight.data, width)
+        if self.bias is not None:
+            padding = self.blocks.shape[0] * width - self.num_local
+            self.bias_packed = torch.cat([self.bias.data, self.bias.new_zeros(padding)])
         if self.tied_embedding is not None:
             self.tied_embedding.blocks = self.blocks
         weight.data = weight.data.new_empty(0, self.embedding_dim)  # the blocks hold it now
@@ -166,10 +177,13 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden [N, D] -> this rank's logits [N, num_local]."""
         if self.head_method is not None:
             logits = self.head_method.apply(self, hidden)  # [N, real rows of this rank]
+            if self.bias is not None:
+                logits = logits + self.bias[: logits.shape[1]]
             return F.pad(logits, (0, self.num_local - logits.shape[1]))
         if self.blocks is None:
-            return F.linear(hidden, self.weight)
-        return packed_matmul(hidden, self.blocks, None, self.kernels)[:, : self.num_local]
+            return F.linear(hidden, self.weight, self.bias)
+        logits = packed_matmul(hidden, self.blocks, self.bias_packed, self.kernels)
+        return logits[:, : self.num_local]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""

@@ -137,16 +137,26 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         )
 
     def weight_loader(self, param, loaded, shard_id=None):
-        assert shard_id is not None, "a merged linear loads one checkpoint tensor per shard"
+        """One checkpoint tensor per shard (shard_id = its index), or the checkpoint's own fused
+        tensor (shard_id None: the shards concatenated along the output dimension, Phi-3's
+        gate_up_proj)."""
+        dim = param.output_dim
+        if shard_id is None:
+            _check_fused(loaded, dim, sum(self.output_sizes))
+            for index, part in enumerate(loaded.split(self.output_sizes, dim=dim)):
+                self.weight_loader(param, part, index)
+            return
         tp_size = self.tp.world_size
         offset = sum(self.output_sizes[:shard_id]) // tp_size
         size = self.output_sizes[shard_id] // tp_size
-        dim = param.output_dim
         load_part(param.data.narrow(dim, offset, size), loaded, dim, self.tp.rank, tp_size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """Fused q/k/v projection, heads split over ranks; shard_id in ("q", "k", "v").
+    """Fused q/k/v projection, heads split over ranks; shard_id in ("q", "k", "v"), or None for a
+    checkpoint that stores q/k/v as one tensor, ordered as `checkpoint_layout` says: "concat"
+    [q | k | v] (Phi-3, GPT-2, Baichuan's W_pack) or "grouped", per KV head [its query heads | k |
+    v] (Falcon; GPT-BigCode without multi-query attention).
 
     With fewer KV heads than ranks, each KV head is replicated on world_size // num_kv_heads ranks.
     """
@@ -161,9 +171,12 @@ class QKVParallelLinear(ColumnParallelLinear):
         quant_config=None,
         prefix="",
         params_dtype=None,
+        checkpoint_layout: str = "concat",
     ):
         tp_size = get_tp_info().world_size
         self.head_dim = head_dim
+        self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
+        self.checkpoint_layout = checkpoint_layout
         self.num_heads = divide(num_heads, tp_size, "number of attention heads")
         if num_kv_heads >= tp_size:
             self.num_kv_heads = divide(num_kv_heads, tp_size, "number of key/value heads")
@@ -179,6 +192,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.q_size, self.kv_size = q_size, kv_size
 
     def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            self._load_fused(param, loaded)
+            return
         assert shard_id in ("q", "k", "v"), shard_id
         rank, tp_size = self.tp.rank, self.tp.world_size
         offset, size = {
@@ -191,6 +207,30 @@ class QKVParallelLinear(ColumnParallelLinear):
             index, num_parts = rank // self.kv_replicas, tp_size // self.kv_replicas
         dim = param.output_dim
         load_part(param.data.narrow(dim, offset, size), loaded, dim, index, num_parts)
+
+    def _load_fused(self, param, loaded: torch.Tensor) -> None:
+        """The checkpoint's single q/k/v tensor (weight [out, in] or bias [out]), split into the
+        three shards after reordering a grouped layout to [q | k | v]."""
+        dim = param.output_dim
+        heads, kv_heads, d = self.total_num_heads, self.total_num_kv_heads, self.head_dim
+        _check_fused(loaded, dim, (heads + 2 * kv_heads) * d)
+        if self.checkpoint_layout == "grouped":
+            group = heads // kv_heads
+            blocks = loaded.unflatten(dim, (kv_heads, group + 2, d))  # [KVH, group+2, D, (in)]
+            q = blocks.narrow(dim + 1, 0, group).flatten(dim, dim + 2)  # [H * D, (in)]
+            k, v = (blocks.select(dim + 1, group + i).flatten(dim, dim + 1) for i in (0, 1))
+        else:
+            q, k, v = loaded.split([heads * d, kv_heads * d, kv_heads * d], dim=dim)
+        for shard_id, part in zip("qkv", (q, k, v), strict=True):
+            self.weight_loader(param, part, shard_id)
+
+
+def _check_fused(loaded: torch.Tensor, dim: int, expected: int) -> None:
+    if loaded.dim() <= dim or loaded.shape[dim] != expected:
+        raise ModelLoadError(
+            f"checkpoint shape {tuple(loaded.shape)} does not match the fused projection's "
+            f"{expected} output features"
+        )
 
 
 class RowParallelLinear(LinearBase):

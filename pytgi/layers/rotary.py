@@ -1,12 +1,14 @@
-"""Rotary position embeddings (neox / rotate-half layout) and their scaling variants.
+"""Rotary position embeddings and their scaling variants, in two layouts: rotate-half (neox:
+feature i pairs with i + rotary_dim / 2) and interleaved (GPT-J, Cohere: feature 2i pairs with
+2i + 1).
 
 `get_rope(...)` builds one `RotaryEmbedding` per model, with its cos/sin table for every position
 the model serves (built when the model is built; the runner extends it before a step that goes
 further, e.g. past max_position_embeddings with dynamic NTK). Its forward maps the step's
 positions to (cos, sin) once per step; every attention layer then rotates q and k with its
 `ApplyRotary`. The inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear,
-dynamic, yarn, llama3) follow the published formulas and are checked against transformers'
-`ROPE_INIT_FUNCTIONS`.
+dynamic, yarn, llama3, longrope) follow the published formulas and are checked against
+transformers' `ROPE_INIT_FUNCTIONS`.
 
 Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
 frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
@@ -15,6 +17,12 @@ what transformers' generate() does token by token with a KV cache. It never depe
 the chunking or the other requests, so cached K/V (and prefix-cache hits) stay valid. It differs
 from transformers only for a single prefill longer than max_position_embeddings, which transformers
 rotates with the frequencies of the whole prompt's length.
+
+LongRoPE (Phi-3's "su"/"longrope") the same way: position p < original_max_position_embeddings
+uses the short factors, later positions the long ones, for the same reasons (batch- and
+chunking-independent, cached K/V stay valid). transformers differs for every sequence longer than
+the original length: its Phi-3 drops the KV cache when a sequence crosses it and recomputes the
+whole sequence with the long factors; TGI and vLLM pick the factors per batch instead.
 """
 
 from __future__ import annotations
@@ -95,12 +103,27 @@ def _yarn(dim, base, max_position, scaling):
     return interpolated * (1 - keep) + extrapolated * keep, float(attn_factor)
 
 
+def _longrope(dim, base, max_position, scaling, long: bool = False):
+    """Phi-3's LongRoPE: per-frequency factors (short below the original length, long beyond);
+    the attention factor from max_position / original_max_position_embeddings."""
+    original = scaling.get("original_max_position_embeddings")
+    factor = max_position / original if original else scaling.get("factor", 1.0)
+    original = original or max_position
+    attn_factor = scaling.get("attention_factor")
+    if attn_factor is None:
+        attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim/2]
+    return 1.0 / (factors * base**exponents), float(attn_factor)
+
+
 ROPE_SCALINGS = {
     "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
     "linear": _linear,
     "dynamic": _dynamic,
     "llama3": _llama3,
     "yarn": _yarn,
+    "longrope": _longrope,
 }
 
 
@@ -115,9 +138,11 @@ class RotaryEmbedding(nn.Module):
         max_position: int,
         scaling: dict | None,
         num_positions: int | None = None,
+        interleaved: bool = False,
     ):
         super().__init__()
         self.rotary_dim, self.base, self.max_position = rotary_dim, base, max_position
+        self.interleaved = interleaved
         self.scaling = scaling or {"rope_type": "default"}
         self.rope_type = self.scaling.get("rope_type", "default")
         if self.rope_type not in ROPE_SCALINGS:
@@ -128,9 +153,16 @@ class RotaryEmbedding(nn.Module):
         self._build_table(max(max_position, num_positions or 0))
 
     def _inv_freqs(self, length: int) -> tuple[torch.Tensor, float]:
-        """Frequencies [dim/2] shared by all positions, or [length, dim/2] (dynamic, long)."""
+        """Frequencies [dim/2] shared by all positions, or [length, dim/2] (dynamic, longrope)."""
         fn = ROPE_SCALINGS[self.rope_type]
         args = (self.rotary_dim, self.base, self.max_position, self.scaling)
+        if self.rope_type == "longrope":
+            original = self.scaling.get("original_max_position_embeddings") or self.max_position
+            if length <= original:
+                return fn(*args)
+            (short, attn_factor), (long, _) = fn(*args), fn(*args, long=True)
+            rows = [short.expand(original, -1), long.expand(length - original, -1)]
+            return torch.cat(rows), attn_factor
         if self.rope_type != "dynamic" or length <= self.max_position:
             return fn(*args)
         # beyond the trained length, position p uses the frequencies for a sequence of p + 1
@@ -142,6 +174,10 @@ class RotaryEmbedding(nn.Module):
         inv_freq, attn_factor = self._inv_freqs(length)
         freqs = torch.arange(length).float().unsqueeze(1) * inv_freq  # [L, dim/2]
         cos, sin = freqs.cos() * attn_factor, freqs.sin() * attn_factor
+        if self.interleaved:  # pair (2i, 2i+1): x * [c, c] + [x2i+1, x2i] * [-s, s]
+            self.cos_table = cos.repeat_interleave(2, dim=-1)  # [L, dim]
+            self.sin_table = torch.stack([-sin, sin], dim=-1).flatten(-2)  # [L, dim]
+            return
         self.cos_table = torch.cat([cos, cos], dim=-1)  # [L, dim]
         # rotate-half folded into a sign: x * cos + swap_halves(x) * [-sin | sin]
         self.sin_table = torch.cat([-sin, sin], dim=-1)  # [L, dim]
@@ -169,12 +205,17 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim] rotated in its first rotary_dim features (rotate-half layout)."""
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False
+) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated in its first rotary_dim features."""
     rotary_dim = cos.shape[-1]
     rot = x[..., :rotary_dim]
-    half = rotary_dim // 2
-    swapped = rot.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # [T, h, rd] = [x2 | x1]
+    if interleaved:
+        swapped = rot.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # [T, h, rd] = [x1, x0, x3, ...]
+    else:
+        half = rotary_dim // 2
+        swapped = rot.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # [T, h, rd] = [x2 | x1]
     out = rot * cos + swapped * sin  # [T, h, rd]
     if rotary_dim == x.shape[-1]:
         return out
@@ -182,15 +223,23 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class ApplyRotary(CustomOp):
-    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim]. The CPU and CUDA kernels
-    rotate x in place, the reference returns a new tensor: use the return value, and do not need
-    x unrotated afterwards."""
+    """x [T, heads, head_dim] rotated by (cos, sin) [T, 1, rotary_dim] in the rotate-half or the
+    interleaved layout. The CPU and CUDA kernels rotate x in place, the reference returns a new
+    tensor: use the return value, and do not need x unrotated afterwards. The CUDA kernel knows
+    the rotate-half layout only: interleaved rotary runs the reference there."""
+
+    def __init__(self, interleaved: bool = False):
+        super().__init__()
+        self.interleaved = interleaved
+        if interleaved:
+            self.native_on("cuda")
 
     def forward_native(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        return apply_rotary(x, cos, sin)
+        return apply_rotary(x, cos, sin, self.interleaved)
 
     def forward_cpu(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1))  # cos/sin [T, 1, rd] -> [T, rd]
+        # cos/sin [T, 1, rd] -> [T, rd]
+        self.kernels.rotary_(x, cos.squeeze(1), sin.squeeze(1), self.interleaved)
         return x
 
     def forward_cuda(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -199,8 +248,13 @@ class ApplyRotary(CustomOp):
 
 
 def get_rope(
-    head_dim: int, rotary_dim: int, max_position: int, base: float, scaling: dict | None
+    head_dim: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    scaling: dict | None,
+    interleaved: bool = False,
 ) -> RotaryEmbedding:
     assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
     num_positions = current_build_context().max_model_len
-    return RotaryEmbedding(rotary_dim, base, max_position, scaling, num_positions)
+    return RotaryEmbedding(rotary_dim, base, max_position, scaling, num_positions, interleaved)

@@ -1,11 +1,18 @@
-"""Shared decoder blocks for Llama-family models; variations are flags on `DecoderSpec`, not
-branches on model type: q/k/v and output bias, per-head q/k RMSNorm (Qwen3), attention scale and
-residual multiplier (Granite), per-layer sliding window (Mistral, Qwen2).
+"""Shared decoder blocks. Every family's variations are flags on `DecoderSpec`, never branches on
+the model type: the norm (RMS, Gemma's 1 + w, LayerNorm with or without bias), q/k/v and output
+biases, per-head q/k norms, the position encoding (rotary in either layout and on part of the head,
+one rotary table per layer kind, ALiBi, or learned positions outside the stack), logit
+soft-capping and sliding windows in attention, a gated or plain MLP, and how a layer composes
+attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or sandwiched
+between pre- and post-norms).
 
 `DecoderStack` runs the layers in order, unless the step's forward context carries a decode-step
 accelerator's replacement for the whole stack (the model runner decides that per step). For the
 accelerator, each block hands over its tensors (`fused_decode_tensors`), or None when a weight is in
 no layout the accelerator runs (tensor-parallel, no kernels, fp32-activation quantized formats).
+
+Rotary tables reach the layers as cos / sin [R, T, 1, rotary_dim]: R = 1, or 2 when sliding-window
+layers rotate with their own base (`DecoderSpec.rope_table`); rotary_dim = 0 without rotary.
 """
 
 from __future__ import annotations
@@ -13,22 +20,43 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pytgi.errors import ModelLoadError
-from pytgi.layers.activation import ACTIVATIONS
-from pytgi.layers.attention import Attention
+from pytgi.layers.activation import get_activation
+from pytgi.layers.attention import Attention, alibi_slopes
 from pytgi.layers.forward_context import get_forward_context
 from pytgi.layers.linear import (
+    ColumnParallelLinear,
     LinearBase,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
-from pytgi.layers.norm import RMSNorm
+from pytgi.layers.norm import LayerNorm, RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import ApplyRotary
-from pytgi.models.config import DecoderSpec
+from pytgi.models.config import (
+    ALIBI,
+    PARALLEL,
+    PARALLEL_TWO_NORMS,
+    SANDWICH,
+    SEQUENTIAL,
+    DecoderSpec,
+)
 
 FusedTensors = dict[str, torch.Tensor]
+
+
+def make_norm(spec: DecoderSpec, size: int | None = None) -> nn.Module:
+    size = size or spec.hidden_size
+    if spec.norm == "layer":
+        return LayerNorm(size, spec.norm_eps, bias=spec.norm_bias)
+    return RMSNorm(size, spec.norm_eps, weight_offset=spec.norm_weight_offset)
+
+
+def _norm_tensors(norm: nn.Module, name: str) -> FusedTensors:
+    tensors = {name: norm.weight}
+    if getattr(norm, "bias", None) is not None:
+        tensors[f"{name}_bias"] = norm.bias
+    return tensors
 
 
 def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
@@ -40,7 +68,7 @@ def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
     return linear.quant_method.fused_decode_tensors(linear, name)
 
 
-class RopeAttention(nn.Module):
+class DecoderAttention(nn.Module):
     def __init__(
         self, spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
     ):
@@ -54,6 +82,7 @@ class RopeAttention(nn.Module):
             bias=spec.qkv_bias,
             quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
+            checkpoint_layout=spec.qkv_checkpoint_layout,
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
@@ -65,8 +94,8 @@ class RopeAttention(nn.Module):
         )
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:
-            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
-            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps)
+            self.q_norm = make_norm(spec, spec.head_dim)
+            self.k_norm = make_norm(spec, spec.head_dim)
         self.attn = Attention(
             self.num_heads,
             spec.head_dim,
@@ -74,18 +103,32 @@ class RopeAttention(nn.Module):
             self.num_kv_heads,
             spec.sliding_window(layer_idx),
             prefix=f"{prefix}.attn",
+            logits_soft_cap=spec.attn_logit_softcap,
+            alibi_slopes=self._alibi_slopes(spec),
         )
-        self.rotate = ApplyRotary()
+        self.rotate = ApplyRotary(spec.rotary_interleaved) if spec.uses_rope else None
+        self.rope_table = spec.rope_table(layer_idx)
+
+    def _alibi_slopes(self, spec: DecoderSpec) -> tuple[float, ...] | None:
+        if spec.position_encoding != ALIBI:
+            return None
+        first = self.qkv_proj.tp.rank * self.num_heads  # this rank's query heads
+        slopes = alibi_slopes(spec.num_heads, spec.alibi_slope_scale)
+        return slopes[first : first + self.num_heads]
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
+        q, k = qkv[:, :h], qkv[:, h : h + kvh]  # [T, H, D], [T, KVH, D]
         if self.qk_norm:
-            q = self.rotate(self.q_norm(qkv[:, :h]), cos, sin)  # [T, H, D]
-            k = self.rotate(self.k_norm(qkv[:, h : h + kvh]), cos, sin)  # [T, KVH, D]
-        else:  # q and k heads are adjacent: rotate them in one go (qkv is ours to overwrite)
-            qk = self.rotate(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
-            q, k = qk[:, :h], qk[:, h:]
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotate is not None:
+            cos, sin = cos[self.rope_table], sin[self.rope_table]  # [T, 1, rotary_dim]
+            if self.qk_norm:
+                q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+            else:  # q and k heads are adjacent: rotate them in one go (qkv is ours to overwrite)
+                qk = self.rotate(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
+                q, k = qk[:, :h], qk[:, h:]
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
 
@@ -95,18 +138,18 @@ class RopeAttention(nn.Module):
             return None
         tensors = qkv | o
         if self.qk_norm:
-            tensors |= {"q_norm": self.q_norm.weight, "k_norm": self.k_norm.weight}
+            tensors |= _norm_tensors(self.q_norm, "q_norm") | _norm_tensors(self.k_norm, "k_norm")
+        if self.attn.params.alibi_slopes is not None:
+            tensors["alibi_slopes"] = torch.tensor(self.attn.params.alibi_slopes)
         return tensors
 
 
 class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)), gate and up as one fused projection."""
+
     def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None, prefix: str):
         super().__init__()
-        if spec.hidden_act not in ACTIVATIONS:
-            raise ModelLoadError(
-                f"unsupported hidden_act '{spec.hidden_act}' "
-                f"(supported: {', '.join(sorted(ACTIVATIONS))})"
-            )
+        self.act_fn = get_activation(spec.hidden_act, gated=True)
         self.gate_up_proj = MergedColumnParallelLinear(
             spec.hidden_size,
             [spec.intermediate_size] * 2,
@@ -114,7 +157,6 @@ class GatedMLP(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
         )
-        self.act_fn = ACTIVATIONS[spec.hidden_act]()
         self.down_proj = RowParallelLinear(
             spec.intermediate_size,
             spec.hidden_size,
@@ -133,17 +175,59 @@ class GatedMLP(nn.Module):
         return gate_up | down
 
 
+class MLP(nn.Module):
+    """down(act(up(x))): the plain two-layer MLP (GPT-2, Falcon, Phi, Starcoder2)."""
+
+    def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None, prefix: str):
+        super().__init__()
+        self.act_fn = get_activation(spec.hidden_act, gated=False)
+        self.up_proj = ColumnParallelLinear(
+            spec.hidden_size,
+            spec.intermediate_size,
+            bias=spec.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            spec.intermediate_size,
+            spec.hidden_size,
+            bias=spec.mlp_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.up_proj(x)))  # [T, hidden]
+
+    def fused_decode_tensors(self) -> FusedTensors | None:
+        up, down = _packed(self.up_proj, "up"), _packed(self.down_proj, "down")
+        if up is None or down is None:
+            return None
+        return up | down
+
+
 class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual stream is carried separately so each norm fuses the add."""
+    """One layer; the residual stream is carried separately so each norm fuses the add: a layer
+    maps (hidden, residual) to the same, the stream being their sum (residual None: hidden is
+    the stream). Norm names follow the checkpoints: `post_attention_layernorm` is the pre-MLP
+    norm of a sequential block (Llama) and the post-attention norm of a sandwich (Gemma)."""
 
     def __init__(
         self, spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
     ):
         super().__init__()
-        self.self_attn = RopeAttention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
-        self.mlp = GatedMLP(spec, quant_config, f"{prefix}.mlp")
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.block = spec.block
+        self.self_attn = DecoderAttention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
+        mlp_class = GatedMLP if spec.mlp_gated else MLP
+        self.mlp = mlp_class(spec, quant_config, f"{prefix}.mlp")
+        self.input_layernorm = make_norm(spec)
+        if self.block in (SEQUENTIAL, SANDWICH):
+            self.post_attention_layernorm = make_norm(spec)
+        if self.block == PARALLEL_TWO_NORMS:
+            self.mlp_layernorm = make_norm(spec)
+        if self.block == SANDWICH:
+            self.pre_feedforward_layernorm = make_norm(spec)
+            self.post_feedforward_layernorm = make_norm(spec)
         self.residual_multiplier = spec.residual_multiplier
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,21 +236,37 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden, residual, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) [T, hidden] each -> the same after attention and MLP."""
         if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
+            normed, residual = self.input_layernorm(hidden), hidden
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self._scaled(self.self_attn(hidden, cos, sin))
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self._scaled(self.mlp(hidden)), residual
+            normed, residual = self.input_layernorm(hidden, residual)
+        attn = self.self_attn(normed, cos, sin)
+        if self.block == PARALLEL:
+            return attn + self.mlp(normed), residual
+        if self.block == PARALLEL_TWO_NORMS:
+            return attn + self.mlp(self.mlp_layernorm(residual)), residual
+        if self.block == SANDWICH:
+            attn = self.post_attention_layernorm(attn)
+            normed, residual = self.pre_feedforward_layernorm(attn, residual)
+            return self.post_feedforward_layernorm(self.mlp(normed)), residual
+        normed, residual = self.post_attention_layernorm(self._scaled(attn), residual)
+        return self._scaled(self.mlp(normed)), residual
 
     def fused_decode_tensors(self) -> FusedTensors | None:
+        """Norm keys as the fused kernel names them: input_norm, mlp_norm (the norm feeding the
+        MLP when it is not input_norm), attn_out_norm and mlp_out_norm (a sandwich's post-norms),
+        each with an optional _bias."""
         attention, mlp = self.self_attn.fused_decode_tensors(), self.mlp.fused_decode_tensors()
         if attention is None or mlp is None:
             return None
-        norms = {
-            "input_norm": self.input_layernorm.weight,
-            "post_norm": self.post_attention_layernorm.weight,
-        }
+        norms = _norm_tensors(self.input_layernorm, "input_norm")
+        if self.block == SEQUENTIAL:
+            norms |= _norm_tensors(self.post_attention_layernorm, "mlp_norm")
+        elif self.block == PARALLEL_TWO_NORMS:
+            norms |= _norm_tensors(self.mlp_layernorm, "mlp_norm")
+        elif self.block == SANDWICH:
+            norms |= _norm_tensors(self.post_attention_layernorm, "attn_out_norm")
+            norms |= _norm_tensors(self.pre_feedforward_layernorm, "mlp_norm")
+            norms |= _norm_tensors(self.post_feedforward_layernorm, "mlp_out_norm")
         return attention | mlp | norms
 
 
@@ -180,7 +280,7 @@ class DecoderStack(nn.ModuleList):
         )
 
     def forward(self, hidden, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [T, hidden], cos / sin [T, 1, rotary_dim] -> (hidden, residual) [T, hidden]
+        """hidden [T, hidden], cos / sin [R, T, 1, rotary_dim] -> (hidden, residual) [T, hidden]
         each: the final norm's input is their sum."""
         fused = get_forward_context().fused_layers
         if fused is not None:

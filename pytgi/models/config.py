@@ -8,7 +8,8 @@ a flag get it from the registry (`ModelEntry.flags`).
 Every spec field has a role for decode-step accelerators, which run a model's decoder stack
 outside its Python modules (the fused CPU decode stack): `SHAPE` (a size the accelerator takes
 as a parameter), `OUTSIDE` (used by the model outside its decoder stack: embedding, rotary
-tables, LM head) or `FEATURE` (changes what the layers compute; its default is Llama's behaviour).
+tables, LM head), `FEATURE` (changes what the layers compute; its default is Llama's behaviour) or
+`LOAD` (how the checkpoint stores a tensor; the loaded layers compute the same either way).
 An accelerator runs a model only when it knows every non-default feature and the field has a
 role at all, so a flag added later is refused until someone teaches the accelerator about it.
 """
@@ -25,6 +26,17 @@ from pytgi.errors import ModelLoadError
 SHAPE = {"role": "shape"}
 OUTSIDE = {"role": "outside"}
 FEATURE = {"role": "feature"}
+LOAD = {"role": "load"}  # read only while loading: the layers compute the same either way
+
+# `DecoderSpec.block` values: how a layer composes attention and MLP around the residual stream
+SEQUENTIAL = "sequential"  # x + attn(norm1(x)), then + mlp(norm2(.)) (Llama)
+PARALLEL = "parallel"  # x + attn(norm(x)) + mlp(norm(x)) (Phi, GPT-J, Cohere, Falcon-7B)
+PARALLEL_TWO_NORMS = "parallel_two_norms"  # x + attn(norm1(x)) + mlp(norm2(x)) (Falcon-40B/180B)
+SANDWICH = "sandwich"  # x + post1(attn(norm1(x))), then + post2(mlp(norm2(.))) (Gemma 2/3)
+BLOCKS = (SEQUENTIAL, PARALLEL, PARALLEL_TWO_NORMS, SANDWICH)
+
+# `DecoderSpec.position_encoding` values
+ROPE, LEARNED, ALIBI = "rope", "learned", "alibi"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,34 +52,71 @@ class ModelSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class DecoderSpec(ModelSpec):
-    """The shared pre-norm decoder blocks: RMSNorm, rotary attention, gated MLP, and the flags
-    that Llama's relatives (Mistral, Qwen2/3, Granite) set."""
+    """The shared decoder blocks (models/blocks.py) and their flags. Defaults are Llama's: pre-norm
+    RMSNorm, rotary attention, gated SiLU MLP; Mistral, Qwen2/3 and Granite set flags from the
+    registry, the other families (models/<family>.py) build the spec from their own config."""
 
     intermediate_size: int = field(metadata=SHAPE)
     num_heads: int = field(metadata=SHAPE)
     num_kv_heads: int = field(metadata=SHAPE)
     head_dim: int = field(metadata=SHAPE)
-    rms_norm_eps: float = field(metadata=SHAPE)
+    norm_eps: float = field(metadata=SHAPE)  # of every norm, RMS or Layer
     attention_scale: float = field(metadata=SHAPE)
     residual_multiplier: float = field(default=1.0, metadata=SHAPE)  # Granite
     rope_theta: float = field(default=10000.0, metadata=OUTSIDE)
     rope_scaling: dict | None = field(default=None, metadata=OUTSIDE)
-    embedding_multiplier: float = field(default=1.0, metadata=OUTSIDE)  # Granite
+    embedding_multiplier: float = field(default=1.0, metadata=OUTSIDE)  # Granite, Gemma
     logits_scaling: float = field(default=1.0, metadata=OUTSIDE)  # logits are divided by it
+    logit_scale: float = field(default=1.0, metadata=OUTSIDE)  # logits are multiplied by it
+    final_logit_softcap: float | None = field(default=None, metadata=OUTSIDE)  # Gemma 2
+    lm_head_bias: bool = field(default=False, metadata=OUTSIDE)  # Phi, GPT-J
     hidden_act: str = field(default="silu", metadata=FEATURE)
+    mlp_gated: bool = field(default=True, metadata=FEATURE)  # False: up -> act -> down
+    norm: str = field(default="rms", metadata=FEATURE)  # "rms" or "layer"
+    norm_bias: bool = field(default=False, metadata=FEATURE)  # LayerNorm with a bias
+    # RMSNorm scales by (offset + w) (Gemma: 1 + w); folded into the weight after loading
+    norm_weight_offset: float = field(default=0.0, metadata=FEATURE)
+    block: str = field(default=SEQUENTIAL, metadata=FEATURE)  # one of BLOCKS
+    position_encoding: str = field(default=ROPE, metadata=FEATURE)  # rope, learned or alibi
+    alibi_slope_scale: float = field(default=1.0, metadata=FEATURE)  # Falcon: head_dim ** -0.5
     rotary_dim: int | None = field(default=None, metadata=FEATURE)  # None: the whole head_dim
+    rotary_interleaved: bool = field(default=False, metadata=FEATURE)  # GPT-J, Cohere: pairs
+    # sliding-window layers rotate with their own base and no scaling (Gemma 3's local layers)
+    local_rope_theta: float | None = field(default=None, metadata=FEATURE)
+    attn_logit_softcap: float | None = field(default=None, metadata=FEATURE)  # Gemma 2
     sliding_windows: tuple[int | None, ...] = field(default=(), metadata=FEATURE)  # per layer
     qkv_bias: bool = field(default=False, metadata=FEATURE)
     o_bias: bool = field(default=False, metadata=FEATURE)
     mlp_bias: bool = field(default=False, metadata=FEATURE)
-    qk_norm: bool = field(default=False, metadata=FEATURE)  # Qwen3: per-head q/k RMSNorm
+    qk_norm: bool = field(default=False, metadata=FEATURE)  # per-head q/k RMSNorm (Qwen3, Gemma 3)
+    # how a checkpoint that stores q/k/v as one tensor orders it: "concat" [q | k | v], or
+    # "grouped" per KV head [its query heads | k | v] (Falcon, GPT-BigCode without MQA)
+    qkv_checkpoint_layout: str = field(default="concat", metadata=LOAD)
+
+    def __post_init__(self):
+        if self.block not in BLOCKS:
+            raise ModelLoadError(f"unknown decoder block '{self.block}'")
+        if self.position_encoding not in (ROPE, LEARNED, ALIBI):
+            raise ModelLoadError(f"unknown position encoding '{self.position_encoding}'")
+        if self.norm not in ("rms", "layer"):
+            raise ModelLoadError(f"unknown norm '{self.norm}'")
 
     @property
     def rotary_size(self) -> int:
         return self.head_dim if self.rotary_dim is None else self.rotary_dim
 
+    @property
+    def uses_rope(self) -> bool:
+        return self.position_encoding == ROPE
+
     def sliding_window(self, layer_idx: int) -> int | None:
         return self.sliding_windows[layer_idx] if self.sliding_windows else None
+
+    def rope_table(self, layer_idx: int) -> int:
+        """Which of the model's rotary tables layer `layer_idx` uses: 0, or 1 for a sliding-window
+        layer of a model with a local rope base."""
+        local = self.local_rope_theta is not None and self.sliding_window(layer_idx) is not None
+        return int(local)
 
 
 def field_role(spec_type: type, name: str) -> str | None:
@@ -86,12 +135,33 @@ def read_model_type(model_dir: Path) -> str | None:
 
 
 def load_hf_config(model_dir: Path, trust_remote_code: bool = False):
+    """The checkpoint's config through transformers; for an architecture pytgi implements natively
+    that transformers has no class for (Baichuan: remote code on the hub), config.json read as a
+    plain `PretrainedConfig` instead, without running any of the checkpoint's code."""
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as e:
+    except ValueError as e:  # an unknown model_type, or remote code that is not trusted
+        config = _native_plain_config(model_dir)
+        if config is None:
+            raise ModelLoadError(f"cannot read the model config in {model_dir}: {e}") from e
+        return config
+    except (OSError, KeyError) as e:
         raise ModelLoadError(f"cannot read the model config in {model_dir}: {e}") from e
+
+
+def _native_plain_config(model_dir: Path):
+    from transformers import PretrainedConfig
+
+    from pytgi.models.registry import supported_architectures
+
+    try:
+        config = PretrainedConfig.from_pretrained(str(model_dir))
+    except (OSError, ValueError):
+        return None
+    native = set(supported_architectures())
+    return config if any(a in native for a in config.architectures or []) else None
 
 
 def has_remote_causal_lm(hf_config) -> bool:
@@ -139,6 +209,18 @@ def attention_heads(hf_config) -> tuple[int, int, int]:
     return num_heads, num_kv_heads, head_dim
 
 
+def attention_fields(hf_config) -> dict:
+    """num_heads, num_kv_heads, head_dim and the default attention scale, as `DecoderSpec`
+    fields."""
+    num_heads, num_kv_heads, head_dim = attention_heads(hf_config)
+    return dict(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        attention_scale=head_dim**-0.5,
+    )
+
+
 def common_fields(hf_config, architecture: str) -> dict:
     """The `ModelSpec` fields, read the same way for every family."""
     dtype = getattr(hf_config, "dtype", None)  # transformers >= 4.56 name of `torch_dtype`
@@ -165,7 +247,7 @@ def decoder_spec_from_hf(hf_config, architecture: str, flags: dict | None = None
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=getattr(hf_config, "rms_norm_eps", 1e-6),
+        norm_eps=getattr(hf_config, "rms_norm_eps", 1e-6),
         attention_scale=getattr(hf_config, "attention_multiplier", None) or head_dim**-0.5,
         residual_multiplier=getattr(hf_config, "residual_multiplier", 1.0),
         rope_theta=float(getattr(hf_config, "rope_theta", 10000.0)),

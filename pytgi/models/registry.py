@@ -40,6 +40,19 @@ _MODELS: dict[str, ModelEntry] = {
     ),
     "Qwen3ForCausalLM": ModelEntry("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "GraniteForCausalLM": ModelEntry("llama", "LlamaForCausalLM"),  # multipliers from config
+    "PhiForCausalLM": ModelEntry("phi", "PhiForCausalLM"),  # Phi-1, 1.5, 2
+    "Phi3ForCausalLM": ModelEntry("phi3", "Phi3ForCausalLM"),  # Phi-3, 3.5, 4-mini
+    "GemmaForCausalLM": ModelEntry("gemma", "GemmaForCausalLM"),
+    "Gemma2ForCausalLM": ModelEntry("gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ModelEntry("gemma", "Gemma3ForCausalLM"),  # text-only checkpoints
+    "CohereForCausalLM": ModelEntry("cohere", "CohereForCausalLM"),  # Command-R
+    "Starcoder2ForCausalLM": ModelEntry("starcoder2", "Starcoder2ForCausalLM"),
+    "FalconForCausalLM": ModelEntry("falcon", "FalconForCausalLM"),
+    "GPT2LMHeadModel": ModelEntry("gpt2", "GPT2LMHeadModel"),
+    "GPTBigCodeForCausalLM": ModelEntry("gpt2", "GPTBigCodeForCausalLM"),  # StarCoder 1
+    "GPTJForCausalLM": ModelEntry("gptj", "GPTJForCausalLM"),
+    "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
+    "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
 }
 
 

@@ -1,5 +1,5 @@
-"""The CLI through its real entry points: `pytgi generate` on the bundled demo model, and the
-launcher's start-up errors (TGI's texts) before any model is loaded.
+"""The CLI through its real entry points: `pytgi generate` on the bundled demo model and on other
+model families, and the launcher's start-up errors (TGI's texts) before any model is loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pytgi.cli.main import launcher_main, main
 from pytgi.version import __version__
@@ -67,6 +68,31 @@ def test_quantize_is_refused_when_the_engine_would_run_on_cuda(capsys, monkeypat
 def test_missing_model_directory_is_a_clear_error(capsys, tmp_path):
     assert main(["serve", "--model-id", str(tmp_path / "nope")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gpt2"])
+def test_generate_serves_model_families(arch, tiny_model_factory):
+    """`pytgi generate` on checkpoints of other families (Gemma 2: sandwich blocks, soft-capping,
+    alternating sliding windows; GPT-2: learned positions, Conv1D weights, LayerNorm, a plain
+    MLP): transformers' greedy text."""
+    from models.runner_utils import load_hf
+    from tokenizers import Tokenizer
+
+    model_dir = tiny_model_factory(arch)
+    text = "The quick brown fox"
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = tokenizer.encode(text).ids
+    out = load_hf(model_dir).generate(
+        torch.tensor([ids]), max_new_tokens=16, do_sample=False, pad_token_id=3
+    )
+    expected = text + tokenizer.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytgi", "generate", text, "--model-id", str(model_dir),
+         "--max-new-tokens", "16", "--ignore-eos", "--num-threads", "1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
 
 
 def _serve(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -48,9 +48,10 @@ def test_engine_matches_transformers(arch, tiny_model_factory):
     check_engine_matches_transformers(arch, tiny_model_factory)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2", "falcon_rw"])
 def test_engine_matches_transformers_without_kernels(arch, tiny_model_factory, monkeypatch):
-    """The pure-torch fallback (no compiler, PYTGI_CPU_KERNELS=0, other dtypes)."""
+    """The pure-torch fallback (no compiler, PYTGI_CPU_KERNELS=0, other dtypes); gemma2 and
+    falcon_rw for soft-capping and ALiBi in the torch attention path."""
     monkeypatch.setenv("PYTGI_CPU_KERNELS", "0")
     check_engine_matches_transformers(arch, tiny_model_factory)
 

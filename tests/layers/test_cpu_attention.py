@@ -1,7 +1,8 @@
 """The CPU paged-attention backend (head-major block cache) against a direct per-query softmax
 reference: decode rows of different lengths, fresh prompts, chunked-prefill continuations and
 prefix-cache hits (blocks shared with another sequence), with and without a sliding window, fp32 and
-bf16 caches."""
+bf16 caches, and with logit soft-capping and ALiBi (torch path and compiled kernels, decode and
+flash-style prefill)."""
 
 from __future__ import annotations
 
@@ -18,29 +19,41 @@ from pytgi.worker.request_states import RequestStates
 
 BLOCK_SIZE, H, KVH, D = 4, 4, 2, 8
 SCALE = D**-0.5
+SLOPES = (0.5, 0.25, 0.125, 0.0625)
 
 
-def reference(q, k, v, start: int, window: int | None) -> torch.Tensor:
-    """q [n, H, D] at positions start.., k/v [L, KVH, D] of the whole sequence -> [n, H, D]."""
+def reference(q, k, v, start: int, window: int | None, softcap=None, alibi=None) -> torch.Tensor:
+    """q [n, H, D] at positions start.., k/v [L, KVH, D] of the whole sequence -> [n, H, D]; the
+    scores soft-capped (cap * tanh(s / cap)) and ALiBi-biased (slope * (key - query position))
+    when asked."""
     k, v = k.repeat_interleave(H // KVH, dim=1), v.repeat_interleave(H // KVH, dim=1)
+    scale = q.shape[-1] ** -0.5
     out = []
     for i in range(q.shape[0]):
         p = start + i
         first = 0 if window is None else max(0, p - window + 1)
-        scores = torch.einsum("hd,lhd->hl", q[i], k[first : p + 1]) * SCALE  # [H, l]
+        scores = torch.einsum("hd,lhd->hl", q[i], k[first : p + 1]) * scale  # [H, l]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        if alibi is not None:
+            scores = scores + torch.tensor(alibi)[:, None] * (torch.arange(first, p + 1) - p)
         out.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v[first : p + 1]))
     return torch.stack(out)
 
 
 class Sequences:
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, head_dim: int = D, magnitude: float = 1.0):
         self.g = torch.Generator().manual_seed(seed)
+        self.head_dim, self.magnitude = head_dim, magnitude
         self.qkv: dict[str, tuple[torch.Tensor, ...]] = {}
         self.blocks: dict[str, list[int]] = {}
         self.next_block = 0
 
     def add(self, name: str, length: int, shared_from: str | None = None, shared_len: int = 0):
-        q, k, v = (torch.randn(length, n, D, generator=self.g) for n in (H, KVH, KVH))
+        q, k, v = (
+            torch.randn(length, n, self.head_dim, generator=self.g) * self.magnitude
+            for n in (H, KVH, KVH)
+        )
         blocks = []
         if shared_from is not None:  # prefix-cache hit: same tokens, so the same K/V
             k[:shared_len], v[:shared_len] = (t[:shared_len] for t in self.qkv[shared_from][1:])
@@ -51,8 +64,9 @@ class Sequences:
         self.qkv[name] = (q, k, v)
 
 
-def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], window):
-    """rows: (name, start, end). Returns {name: out [n, H, D]} and checks them."""
+def run_step(backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=None):
+    """rows: (name, start, end). Runs them as one step and checks each row's output."""
+    d = seqs.head_dim
     out = SchedulerOutput(
         requests=[
             ScheduledRequest(name, start, end - start, new_block_ids=seqs.blocks[name])
@@ -67,14 +81,16 @@ def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], 
     inputs, _ = InputBuilder(BLOCK_SIZE).build(out, states)
     attn = inputs.attn
     starts = attn.query_start_loc.tolist()
-    q, k, v = (torch.empty(inputs.num_tokens, n, D, dtype=cache[0].dtype) for n in (H, KVH, KVH))
+    q, k, v = (torch.empty(inputs.num_tokens, n, d, dtype=cache[0].dtype) for n in (H, KVH, KVH))
     order = sorted(range(len(rows)), key=lambda i: rows[i][2] - rows[i][1] > 1)
     for slot, i in enumerate(order):
         name, start, end = rows[i]
         offset = starts[slot]
         for dst, src in zip((q, k, v), seqs.qkv[name], strict=True):
             dst[offset : offset + end - start] = src[start:end]
-    params = AttentionParams(H, KVH, D, SCALE, sliding_window=window)
+    params = AttentionParams(
+        H, KVH, d, d**-0.5, sliding_window=window, logits_soft_cap=softcap, alibi_slopes=alibi
+    )
     spec = kv_cache_spec(params, cache[0].dtype)
     num_blocks = cache[0].shape[1] // BLOCK_SIZE
     metadata = backend.metadata_builder([spec], num_blocks, BLOCK_SIZE).build(attn)
@@ -83,7 +99,7 @@ def run_step(backend, cache, seqs: Sequences, rows: list[tuple[str, int, int]], 
         name, start, end = rows[i]
         offset = starts[slot]
         sq, sk, sv = seqs.qkv[name]
-        expected = reference(sq[start:end], sk[:end], sv[:end], start, window)
+        expected = reference(sq[start:end], sk[:end], sv[:end], start, window, softcap, alibi)
         tol = 1e-5 if cache[0].dtype == torch.float32 else 3e-2
         torch.testing.assert_close(
             out[offset : offset + end - start].float(),
@@ -125,6 +141,37 @@ def test_mixed_steps_match_reference(window, dtype, cpu_kernels):
         window,
     )
     run_step(backend, cache, seqs, [("b", 4, 5), ("a", 11, 12)], window)  # decode-only step
+
+
+@pytest.mark.parametrize(
+    "softcap, alibi", [(0.5, None), (None, SLOPES), (2.0, SLOPES)], ids=["softcap", "alibi", "both"]
+)
+@pytest.mark.parametrize("window", [None, 6])
+def test_softcap_and_alibi_match_reference(softcap, alibi, window, cpu_kernels):
+    """head_dim 16 and two 64-key blocks' worth of prompt, so the compiled flash prefill kernels
+    (fresh and paged) run too; large scores so that the cap bites."""
+    torch.set_num_threads(1)
+    backend = CpuAttentionBackend(current_build_context().kernels)
+    spec = kv_cache_spec(AttentionParams(H, KVH, 16, 0.25), torch.float32)
+    cache = backend.allocate_kv_cache(spec, 64, BLOCK_SIZE, torch.device("cpu"))
+    seqs = Sequences(seed=1, head_dim=16, magnitude=2.0)
+    seqs.add("long", 90)
+    seqs.add("short", 7)
+    seqs.add("solo", 1)
+    mods = dict(softcap=softcap, alibi=alibi)
+    run_step(
+        backend, cache, seqs, [("long", 0, 70), ("short", 0, 5), ("solo", 0, 1)], window, **mods
+    )
+    seqs.add("hit", 40, shared_from="long", shared_len=32)
+    run_step(
+        backend,
+        cache,
+        seqs,
+        [("short", 5, 6), ("long", 70, 90), ("hit", 32, 40)],
+        window,
+        **mods,
+    )
+    run_step(backend, cache, seqs, [("short", 6, 7), ("long", 89, 90)], window, **mods)
 
 
 def decode_batch(start_positions: list[int], tables: list[list[int]]) -> AttentionBatch:
@@ -172,8 +219,8 @@ def test_decode_rows_of_equal_length_need_no_mask():
 @pytest.mark.parametrize(
     "extra, named",
     [
-        ({"logits_soft_cap": 30.0}, "logits_soft_cap"),
-        ({"alibi_slopes": (0.5,) * H}, "alibi_slopes"),
+        ({"logits_soft_cap": 0.0}, "logits_soft_cap must be positive"),
+        ({"alibi_slopes": (0.5,) * (H - 1)}, "one slope per query head"),
         ({"head_size_v": 4}, "head_size_v"),
     ],
 )

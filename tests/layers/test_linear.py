@@ -194,3 +194,62 @@ def test_unquantized_cpu_fp32_layouts(cpu_kernels, bias):
     else:
         assert wide.weight.t().is_contiguous() and not wide.weight.is_contiguous()
         assert narrow.weight.is_contiguous()
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("layout", ["concat", "grouped"])
+def test_qkv_from_one_checkpoint_tensor(as_rank, world_size, layout):
+    """A checkpoint's fused q/k/v tensor (weight and bias) loads like the three separate ones:
+    [q | k | v] (GPT-2, Phi-3, W_pack) or grouped per KV head [2 query heads | k | v] (Falcon)."""
+    torch.manual_seed(0)
+    heads, kv_heads, d, hidden = 4, 2, 3, 10
+    wq, bq = torch.randn(heads * d, hidden), torch.randn(heads * d)
+    wk, wv, bk, bv = (torch.randn(kv_heads * d, *s) for s in ((hidden,), (hidden,), (), ()))
+    if layout == "concat":
+        fused_w, fused_b = torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv])
+    else:  # per KV head g: query heads 2g, 2g + 1, then k_g, v_g
+
+        def group(q, k, v, g):
+            return [q[2 * g * d : (2 * g + 2) * d], k[g * d : (g + 1) * d], v[g * d : (g + 1) * d]]
+
+        fused_w = torch.cat([t for g in range(kv_heads) for t in group(wq, wk, wv, g)])
+        fused_b = torch.cat([t for g in range(kv_heads) for t in group(bq, bk, bv, g)])
+    x = torch.randn(2, hidden)
+    for rank in range(world_size):
+        as_rank(rank, world_size)
+        expected = QKVParallelLinear(hidden, d, heads, kv_heads, bias=True)
+        for shard_id, w, b in zip("qkv", (wq, wk, wv), (bq, bk, bv), strict=True):
+            load(expected, "weight", w, shard_id), load(expected, "bias", b, shard_id)
+        fused = QKVParallelLinear(hidden, d, heads, kv_heads, bias=True, checkpoint_layout=layout)
+        load(fused, "weight", fused_w), load(fused, "bias", fused_b)
+        torch.testing.assert_close(fused(x), expected(x), rtol=0, atol=0)
+    with pytest.raises(ModelLoadError, match="fused projection"):
+        load(fused, "weight", fused_w[:-1])
+
+
+def test_merged_column_from_one_checkpoint_tensor(as_rank):
+    """Phi-3's gate_up_proj: [gate | up] in one tensor, sharded per rank like the two halves."""
+    torch.manual_seed(0)
+    gate, up, x = torch.randn(6, 5), torch.randn(6, 5), torch.randn(3, 5)
+    for rank in range(2):
+        as_rank(rank, 2)
+        layer = MergedColumnParallelLinear(5, [6, 6])
+        load(layer, "weight", torch.cat([gate, up]))
+        expected = torch.cat(
+            [F.linear(x, gate)[:, 3 * rank :][:, :3], F.linear(x, up)[:, 3 * rank :][:, :3]], 1
+        )
+        torch.testing.assert_close(layer(x), expected)
+
+
+def test_lm_head_bias(as_rank, cpu_kernels):
+    """Phi's and GPT-J's biased LM head, sharded with the vocabulary and kept when packed."""
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(37, 8), torch.randn(37), torch.randn(2, 8)
+    logits = []
+    for rank in range(2):
+        as_rank(rank, 2)
+        head = ParallelLMHead(37, 8, bias=True)
+        load(head, "weight", weight), load(head, "bias", bias)
+        head.process_weights_after_loading()
+        logits.append(head._local_logits(x))
+    torch.testing.assert_close(torch.cat(logits, -1)[:, :37], F.linear(x, weight, bias))

@@ -135,5 +135,79 @@ def test_partial_rotary_leaves_the_tail():
 
 
 def test_unknown_rope_type_is_a_load_error():
-    with pytest.raises(ModelLoadError, match="unsupported rope_scaling type 'longrope'"):
-        get_rope(16, 16, 32, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ModelLoadError, match="unsupported rope_scaling type .made_up."):
+        get_rope(16, 16, 32, 10000.0, {"rope_type": "made_up", "factor": 2.0})
+
+
+def test_longrope_matches_phi3_per_position():
+    """Phi-3's LongRoPE: short factors below original_max_position_embeddings, long ones from it
+    on (what transformers' Phi3RotaryEmbedding computes for a sequence of that length), and the
+    attention factor of max_position / original on both."""
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    scaling = {"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0]}
+    scaling["long_factor"] = [2.0, 3.0, 5.0, 9.0]
+    config = Phi3Config(
+        hidden_size=64,
+        num_attention_heads=4,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=512,
+        original_max_position_embeddings=64,
+        rope_scaling=scaling,
+    )
+    ours = get_rope(
+        16,
+        8,
+        512,
+        config.rope_theta,
+        {**scaling, "rope_type": "longrope", "original_max_position_embeddings": 64},
+    )
+    positions = torch.tensor([0, 5, 63, 64, 100, 511])
+    cos, sin = ours(positions, torch.float32)
+    for i, p in enumerate(positions.tolist()):
+        hf_cos, hf_sin = Phi3RotaryEmbedding(config)(torch.zeros(1), torch.tensor([[p]]))
+        torch.testing.assert_close(cos[i, 0], hf_cos[0, 0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sin[i, 0, 4:], hf_sin[0, 0, 4:], rtol=1e-5, atol=1e-6)
+    short, factor = ROPE_SCALINGS["longrope"](8, config.rope_theta, 512, ours.scaling)
+    expected, expected_factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu")
+    torch.testing.assert_close(short, expected, rtol=1e-6, atol=0)
+    assert factor == pytest.approx(expected_factor)
+
+
+@pytest.mark.parametrize("family", ["gptj", "cohere"])
+def test_interleaved_rotary_matches_transformers(family, cpu_kernels):
+    """GPT-J's and Cohere's pairwise layout (feature 2i with 2i + 1), on part of the head (GPT-J)
+    and on the whole head (Cohere), through the op on a strided view as the model calls it."""
+    positions = torch.arange(7) * 5
+    q = torch.randn(7, 4, 16)  # [T, heads, D]
+    if family == "gptj":
+        from transformers.models.gptj.modeling_gptj import (
+            apply_rotary_pos_emb as gptj_apply,
+        )
+        from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions
+
+        rotary_dim = 8
+        sincos = create_sinusoidal_positions(64, rotary_dim)[positions]  # [T, rd]
+        sin, cos = sincos[None].chunk(2, dim=-1)  # [1, T, rd / 2]
+        rotated = gptj_apply(q[None, :, :, :rotary_dim], sin, cos)[0]
+        expected = torch.cat([rotated, q[..., rotary_dim:]], dim=-1)
+    else:
+        from transformers import CohereConfig
+        from transformers.models.cohere.modeling_cohere import (
+            CohereRotaryEmbedding,
+            apply_rotary_pos_emb,
+        )
+
+        rotary_dim = 16
+        config = CohereConfig(hidden_size=64, num_attention_heads=4)
+        hf_cos, hf_sin = CohereRotaryEmbedding(config)(torch.zeros(1), positions[None])
+        expected = apply_rotary_pos_emb(
+            q.transpose(0, 1)[None], q.transpose(0, 1)[None], hf_cos, hf_sin
+        )[0][0].transpose(0, 1)
+    rope = get_rope(16, rotary_dim, 64, 10000.0, None, interleaved=True)
+    cos, sin = rope(positions, torch.float32)
+    torch.testing.assert_close(apply_rotary(q, cos, sin, interleaved=True), expected)
+    qkv = torch.cat([q, torch.randn(7, 2, 16)], dim=1)  # [T, 6, D]
+    rotate = ApplyRotary(interleaved=True)
+    torch.testing.assert_close(rotate(qkv[:, :4], cos, sin), expected)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import torch
 
+from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
 from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
@@ -24,17 +26,27 @@ def engine_config(model_dir: Path, implementation: str = "auto", **cache) -> Eng
 def make_runner(
     model_dir: Path, num_blocks: int = 128, implementation: str = "auto"
 ) -> ModelRunner:
-    runner = ModelRunner(engine_config(model_dir, implementation), select_platform())
+    """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
+    config = engine_config(model_dir, implementation)
+    runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
     return runner
+
+
+def reference_attention(model_dir: Path) -> str:
+    """transformers' eager attention, except for Falcon with ALiBi: its eager path adds the ALiBi
+    bias twice (once itself, once inside the causal mask it builds), unlike its SDPA path and the
+    original Falcon-RW code, which add it once."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return "sdpa" if config.get("model_type") == "falcon" and config.get("alibi") else "eager"
 
 
 def load_hf(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, attn_implementation="eager", dtype=torch.float32
+        model_dir, attn_implementation=reference_attention(model_dir), dtype=torch.float32
     )
     model.generation_config.eos_token_id = None  # greedy comparisons never stop early
     return model.eval()

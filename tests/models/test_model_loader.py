@@ -18,11 +18,24 @@ from pytgi.models.loader import build_model, load_weights
 from pytgi.models.registry import resolve_architecture, supported_architectures
 
 ARCH_NAMES = [
+    "BaiChuanForCausalLM",
+    "BaichuanForCausalLM",
+    "CohereForCausalLM",
+    "FalconForCausalLM",
+    "GPT2LMHeadModel",
+    "GPTBigCodeForCausalLM",
+    "GPTJForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "GemmaForCausalLM",
     "GraniteForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
+    "PhiForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Starcoder2ForCausalLM",
 ]
 
 
@@ -162,3 +175,22 @@ def test_a_missing_expert_is_named_as_in_the_checkpoint():
     del tensors["transformer.experts.2.up_proj.weight"]
     with pytest.raises(ModelLoadError, match=r"missing 1 tensor.*model\.experts\.2\.up_proj"):
         load_weights(ToyModel(), tensors.items())
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides", "message"),
+    [
+        ("cohere", {"use_qk_norm": True}, "use_qk_norm"),
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ],
+)
+def test_family_options_pytgi_does_not_compute_are_refused(arch, overrides, message):
+    from fixtures.tiny_models import make_hf_config
+
+    from pytgi.models.registry import get_model_class
+
+    config = make_hf_config(arch, **overrides)
+    _, entry = resolve_architecture(config.architectures)
+    with pytest.raises(ModelLoadError, match=message):
+        get_model_class(entry).spec_from_hf(config, config.architectures[0], entry.flags)

@@ -2,7 +2,7 @@
 through the ModelRunner with hand-built scheduler steps: mixed prompts, chunked prefill mixed with
 decodes, prefix-cache hits, and 32+ greedy decode steps. `arch@transformers` rows force a native
 architecture through the transformers fallback (Mistral: the sliding window it passes to the
-attention function).
+attention function; Gemma 2: the soft-cap).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from models.runner_utils import (
 ATOL = 1e-4
 
 
-FORCED_FALLBACK = ["mistral@transformers"]
+FORCED_FALLBACK = ["mistral@transformers", "gemma2@transformers"]
 
 
 @pytest.fixture(scope="module", params=list(ARCHS) + FORCED_FALLBACK)

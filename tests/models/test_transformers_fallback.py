@@ -107,8 +107,11 @@ def test_missing_tensor_is_refused_before_any_tensor_is_read(
 @pytest.mark.parametrize(
     ("config_class", "arch", "overrides", "reason"),
     [
-        ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16},
-         "attention backend does not support logits_soft_cap"),
+        ("DeepseekV3Config", "DeepseekV3ForCausalLM",  # value heads narrower than the keys'
+         {"q_lora_rank": None, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+          "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 16},
+         "attention backend does not support head_size_v != head_size"),
         ("MambaConfig", "MambaForCausalLM", {"state_size": 4},
          "does not take custom attention functions"),
         # OPT builds its own causal mask: fine, unless the config has a window it would apply

@@ -25,6 +25,11 @@ window value among the layers, shared by all layers:
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
+
+Score modifiers, fixed per layer: logit soft-capping (Gemma 2: s -> cap * tanh(s / cap), after the
+scale) and ALiBi (a per-head bias slope * (key position - query position), added after the cap).
+The compiled kernels take both; the torch path runs them as an explicit softmax over the scores
+(`_modified_attention`) instead of SDPA, which has no hook for either.
 """
 
 from __future__ import annotations
@@ -217,6 +222,11 @@ class CpuAttentionImpl(AttentionImpl):
         self.scale = params.scale
         self.window = params.sliding_window
         self.kernel_prefill = kernels is not None and params.head_size % KERNEL_HEAD_MULTIPLE == 0
+        self.softcap = params.logits_soft_cap or 0.0  # 0: none (the kernels' convention)
+        self.alibi = None  # [H] fp32
+        if params.alibi_slopes is not None:
+            self.alibi = torch.tensor(params.alibi_slopes, dtype=torch.float32)
+        self.modified = self.softcap > 0 or self.alibi is not None
 
     def forward(self, q, k, v, kv_cache: KVCache, metadata: CpuAttentionMetadata):
         k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
@@ -247,11 +257,17 @@ class CpuAttentionImpl(AttentionImpl):
                 rows.seq_lens,
                 metadata.block_size,
                 self.scale,
+                self.softcap,
+                self.alibi,
             )  # [B, H, D]
         k, v = (
             _gather(c, metadata, rows.blocks, rows.offset, rows.length, which)
             for c, which in zip(kv_cache, "kv", strict=True)
         )  # [B, KVH, L, D]
+        if self.modified:
+            # every row's query is its last visible key's position: relative positions up to a
+            # per-row constant, which the softmax ignores
+            return self._modified(_fp32(q).unsqueeze(2), k, v, rows.mask).squeeze(2)  # [B, H, D]
         out = F.scaled_dot_product_attention(
             _fp32(q).unsqueeze(2),  # [B, H, 1, D]
             k,
@@ -270,7 +286,13 @@ class CpuAttentionImpl(AttentionImpl):
             # step's K/V are stored already)
             if row.blocks is None:
                 return ops.prefill_attention(
-                    q[rows], k[rows], v[rows], self.scale, self.window or 0
+                    q[rows],
+                    k[rows],
+                    v[rows],
+                    self.scale,
+                    self.window or 0,
+                    self.softcap,
+                    self.alibi,
                 )
             k_cache, v_cache = kv_cache
             return ops.prefill_attention_paged(
@@ -282,6 +304,8 @@ class CpuAttentionImpl(AttentionImpl):
                 metadata.block_size,
                 self.scale,
                 self.window or 0,
+                self.softcap,
+                self.alibi,
             )  # [q, H, D]
         if row.blocks is None:
             keys = _fp32(k[rows]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
@@ -291,8 +315,12 @@ class CpuAttentionImpl(AttentionImpl):
                 _gather(c, metadata, row.blocks, row.offset, row.length, which)
                 for c, which in zip(kv_cache, "kv", strict=True)
             )  # [1, KVH, S, D]
+        queries = _fp32(q[rows]).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+        if self.modified:
+            mask = row.mask if row.mask is not None else _causal(row.end - row.start)
+            return self._modified(queries, keys, values, mask).squeeze(0).transpose(0, 1)
         out = F.scaled_dot_product_attention(
-            _fp32(q[rows]).transpose(0, 1).unsqueeze(0),  # [1, H, q, D]
+            queries,
             keys,
             values,
             attn_mask=row.mask,
@@ -302,6 +330,28 @@ class CpuAttentionImpl(AttentionImpl):
         )  # [1, H, q, D]
         return out.squeeze(0).transpose(0, 1)  # [q, H, D]
 
+    def _modified(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
+        """Soft-capped and/or ALiBi attention as an explicit softmax: q [R, H, n, D], k / v
+        [R, KVH, S, D], mask [R or 1, 1, n, S] or [n, S] bool (True = visible) or None -> [R, H,
+        n, D]. The query at row i sits at key position i + S - n (the bottom-right alignment
+        every caller's mask has)."""
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale  # [R, H, n, S]
+        if self.softcap > 0:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        n, length = scores.shape[-2:]
+        if self.alibi is not None:
+            distance = torch.arange(length) - torch.arange(length - n, length).unsqueeze(1)
+            scores = scores + self.alibi[:, None, None] * distance  # [H, n, S] bias
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(scores.softmax(-1), v)  # [R, H, n, D]
+
+
+def _causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()  # [n, n]
+
 
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu-paged"
@@ -310,19 +360,14 @@ class CpuAttentionBackend(AttentionBackend):
         self.kernels = kernels
 
     def make_impl(self, params: AttentionParams) -> CpuAttentionImpl:
-        unsupported = [
-            name
-            for name, used in (
-                ("logits_soft_cap", params.logits_soft_cap is not None),
-                ("alibi_slopes", params.alibi_slopes is not None),
-                ("head_size_v != head_size", params.v_size != params.head_size),
-            )
-            if used
-        ]
-        if unsupported:
+        if params.v_size != params.head_size:
             raise ModelLoadError(
-                f"the {self.name} attention backend does not support {', '.join(unsupported)}"
+                f"the {self.name} attention backend does not support head_size_v != head_size"
             )
+        if params.alibi_slopes is not None and len(params.alibi_slopes) != params.num_heads:
+            raise ModelLoadError("alibi_slopes must have one slope per query head")
+        if params.logits_soft_cap is not None and params.logits_soft_cap <= 0:
+            raise ModelLoadError("logits_soft_cap must be positive")
         return CpuAttentionImpl(params, self.kernels)
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:

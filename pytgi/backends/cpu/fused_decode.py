@@ -31,7 +31,7 @@ SIZES = (
     "num_heads",
     "num_kv_heads",
     "head_dim",
-    "rms_norm_eps",
+    "norm_eps",
     "attention_scale",
     "residual_multiplier",
 )
@@ -43,7 +43,18 @@ def _any(value) -> bool:
 
 # feature field -> which values the kernel computes (a feature at its default always runs)
 SUPPORTED_FEATURES: dict[str, Callable[[Any], bool]] = {
-    "hidden_act": lambda act: act == "silu",
+    "hidden_act": lambda act: act in ACTIVATIONS,
+    "mlp_gated": _any,
+    "norm": _any,  # rms or layer
+    "norm_bias": _any,
+    "norm_weight_offset": _any,  # folded into the norm weights after loading
+    "block": lambda block: block in BLOCKS,
+    "position_encoding": _any,  # rope, learned (outside the stack: no rotation) or alibi
+    "alibi_slope_scale": _any,  # in the slopes the layers hand over
+    "rotary_dim": _any,  # the cos / sin width
+    "rotary_interleaved": _any,
+    "local_rope_theta": _any,  # a second rotary table, picked per layer
+    "attn_logit_softcap": _any,
     "sliding_windows": _any,  # per layer, the kernel's decode attention takes a window
     "qkv_bias": _any,
     "o_bias": _any,
@@ -51,13 +62,17 @@ SUPPORTED_FEATURES: dict[str, Callable[[Any], bool]] = {
     "qk_norm": _any,
 }
 
+# the kernel's encodings of `hidden_act` and of `DecoderSpec.block` (models/config.py BLOCKS)
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu_fast": 2}
+BLOCKS = ("sequential", "parallel", "parallel_two_norms", "sandwich")
+
 
 def unsupported_features(spec) -> list[str]:
     """What in `spec` the fused kernel would not compute (empty: it runs the model exactly)."""
     reasons = []
     for f in dataclasses.fields(spec):
         role, value = f.metadata.get("role"), getattr(spec, f.name)
-        if role == "outside":
+        if role in ("outside", "load"):
             continue
         if role == "shape":
             if f.name not in SIZES:
@@ -98,11 +113,18 @@ class FusedDecodeStack(DecodeAccelerator):
             num_kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim,
             intermediate_size=spec.intermediate_size,
-            eps=spec.rms_norm_eps,
+            eps=spec.norm_eps,
             scale=spec.attention_scale,
             residual_multiplier=spec.residual_multiplier,
+            layer_norm=spec.norm == "layer",
+            block=BLOCKS.index(spec.block),
+            activation=ACTIVATIONS[spec.hidden_act],
+            gated=spec.mlp_gated,
+            rotary_interleaved=spec.rotary_interleaved,
+            softcap=spec.attn_logit_softcap or 0.0,
             layers=[tensors for _, tensors in layers],
             windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
+            rope_tables=[spec.rope_table(i) for i in range(spec.num_layers)],
         )
         quantized = sum(key.endswith(".codes") for _, tensors in layers for key in tensors)
         logger.info(
@@ -122,8 +144,8 @@ class FusedDecodeStack(DecodeAccelerator):
         def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
             return self.stack.forward(
                 hidden.contiguous(),
-                cos.squeeze(1),
-                sin.squeeze(1),
+                cos.squeeze(2),  # [R, B, 1, rotary_dim] -> [R, B, rotary_dim]
+                sin.squeeze(2),
                 batch.slot_mapping,
                 tables,
                 seq_lens,

@@ -116,3 +116,20 @@ def test_a_grown_rotary_table_is_captured_again(tiny_model_factory):
     assert recorder.records == 2
     run_and_compare(runners, seqs, tables, num_prompt, ["a"], {"a": 61})  # replayed at 61
     assert recorder.replays[2] == 1
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gptj", "falcon_rw", "gpt2"])
+def test_family_decode_steps_on_the_cuda_platform(arch, tiny_model_factory):
+    """Families through the CUDA platform's layers (Triton kernels where they apply: soft-cap and
+    ALiBi in the attention kernel; the reference where they do not: Gemma's (1 + w) RMSNorm,
+    interleaved rotary, LayerNorm, GELU) and its graph replay, against the CPU reference."""
+    runners = make_runners(tiny_model_factory(arch, num_hidden_layers=1))
+    seqs = {rid: prompt(n, seed=n) for rid, n in (("a", 30), ("b", 5))}
+    blocks = BlockAllocator()
+    tables = {rid: blocks.take(len(ids) + 3) for rid, ids in seqs.items()}
+    num_prompt = {rid: len(ids) for rid, ids in seqs.items()}
+    run_and_compare(runners, seqs, tables, num_prompt, ["a", "b"], dict.fromkeys(seqs, 0))
+    for _ in range(2):
+        start = {r: len(seqs[r]) - 1 for r in seqs}
+        run_and_compare(runners, seqs, tables, num_prompt, ["a", "b"], start)
+    assert runners[2].replays[2] == 2

@@ -9,7 +9,7 @@ import torch
 from pytgi.backends.cuda import ops
 from pytgi.layers.activation import SiluAndMul
 from pytgi.layers.norm import RMSNorm
-from pytgi.layers.rotary import apply_rotary, get_rope
+from pytgi.layers.rotary import ApplyRotary, apply_rotary, get_rope
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: one rounding step
 
@@ -62,3 +62,33 @@ def test_empty_batches(device):
     weight = torch.ones(8, device=device)
     assert ops.rms_norm(torch.empty(0, 8, device=device), weight, 1e-6).shape == (0, 8)
     assert ops.silu_and_mul(torch.empty(0, 8, device=device)).shape == (0, 4)
+
+
+def _built_on_cuda(make):
+    """A layer built as on the CUDA platform (the Triton kernels as its kernels)."""
+    from pytgi.layers.build_context import BuildContext, build_context
+
+    with build_context(BuildContext(platform_name="cuda", kernels=ops)):
+        return make()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_the_triton_kernels_do_not_cover_run_their_reference(device, dtype):
+    """Interleaved rotary (GPT-J, Cohere) and Gemma's (1 + w) RMSNorm have no Triton kernel: on
+    the CUDA platform they run the reference exactly; rotate-half rotary and Llama's RMSNorm keep
+    the kernel."""
+    torch.manual_seed(3)
+    rope = get_rope(16, 8, 64, 10000.0, None, interleaved=True)
+    cos, sin = (t.to(device) for t in rope(torch.tensor([1, 5, 40]), dtype))
+    x = torch.randn(3, 4, 16, device=device).to(dtype)
+    rotate = _built_on_cuda(lambda: ApplyRotary(interleaved=True))
+    assert rotate.kernels is None
+    assert torch.equal(rotate(x.clone(), cos, sin), apply_rotary(x, cos, sin, interleaved=True))
+    assert _built_on_cuda(ApplyRotary).kernels is ops
+
+    gemma = _built_on_cuda(lambda: RMSNorm(48, params_dtype=dtype, weight_offset=1.0)).to(device)
+    gemma.weight.data.normal_(0.0, 0.5)
+    gemma.process_weights_after_loading()
+    x = torch.randn(5, 48, device=device).to(dtype)
+    assert gemma.kernels is None and torch.equal(gemma(x), gemma.forward_native(x))
+    assert _built_on_cuda(lambda: RMSNorm(48)).kernels is ops

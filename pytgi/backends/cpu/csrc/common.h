@@ -56,6 +56,42 @@ inline void add_rms_row(float* out, float* residual, const float* x, float multi
   rms_row(out, residual, weight, d, eps);
 }
 
+// out = (x - mean) / sqrt(var + eps) * weight (+ bias) over one row of d (biased variance, as
+// torch's layer_norm); out may be x.
+inline void layer_norm_row(float* out, const float* x, const float* weight, const float* bias,
+                           int64_t d, float eps) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < d; ++i) sum += x[i];
+  const float mean = sum / d;
+  float var = 0.f;
+#pragma omp simd reduction(+ : var)
+  for (int64_t i = 0; i < d; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float rstd = 1.f / std::sqrt(var / d + eps);
+  if (bias == nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) out[i] = (x[i] - mean) * rstd * weight[i];
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) out[i] = (x[i] - mean) * rstd * weight[i] + bias[i];
+  }
+}
+
+// One norm's parameters: RMSNorm (bias null) or LayerNorm (bias optional).
+struct Norm {
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+};
+
+inline void norm_row(float* out, const float* x, const Norm& n, int64_t d, float eps,
+                     bool layer_norm) {
+  if (layer_norm) {
+    layer_norm_row(out, x, n.weight, n.bias, d, eps);
+  } else {
+    rms_row(out, x, n.weight, d, eps);
+  }
+}
+
 // Rotate-half RoPE of one head in place: v[:rd] <- v[:rd] * cos + [v2 | v1] * sin, where
 // cos = [c | c] and sin = [-s | s] (rd values each).
 inline void rotate_head(float* v, const float* c, const float* s, int64_t rd) {
@@ -68,11 +104,48 @@ inline void rotate_head(float* v, const float* c, const float* s, int64_t rd) {
   }
 }
 
+// Interleaved RoPE (GPT-J, Cohere) of one head in place: the pair (v[2i], v[2i+1]) rotates by
+// frequency i: v <- v * cos + [v1, v0, v3, v2, ...] * sin, where cos = [c0, c0, c1, c1, ...] and
+// sin = [-s0, s0, -s1, s1, ...].
+inline void rotate_head_interleaved(float* v, const float* c, const float* s, int64_t rd) {
+  for (int64_t i = 0; i < rd; i += 2) {
+    const float a = v[i], b = v[i + 1];
+    v[i] = a * c[i] + b * s[i];
+    v[i + 1] = b * c[i + 1] + a * s[i + 1];
+  }
+}
+
+inline void rotate(float* v, const float* c, const float* s, int64_t rd, bool interleaved) {
+  if (interleaved) {
+    rotate_head_interleaved(v, c, s, rd);
+  } else {
+    rotate_head(v, c, s, rd);
+  }
+}
+
 // ---- decode attention: one query head against its row's keys (len rows of d floats) ----
+
+// Per-head score modifiers: logit soft-capping (softcap > 0: s -> softcap * tanh(s / softcap))
+// and ALiBi (slope != 0: s += slope * (key position - query position)).
+struct ScoreMods {
+  float softcap = 0.f;
+  float slope = 0.f;
+  bool active() const { return softcap > 0.f || slope != 0.f; }
+};
+
+inline float apply_mods_scalar(float x, const ScoreMods& mods, float distance) {
+  if (mods.softcap > 0.f) x = mods.softcap * std::tanh(x / mods.softcap);
+  return x + mods.slope * distance;
+}
+
+inline float apply_mods(float* s, int64_t n, float scale, const ScoreMods& mods, int64_t origin);
+
 inline void attend_scalar(const float* q, const float* const* keys, const float* const* values,
-                   int64_t len, int64_t d, float scale, float* s, float* out) {
+                          int64_t len, int64_t d, float scale, float* s, float* out,
+                          const ScoreMods& mods) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < len; ++i) m = std::max(m, s[i] = dot(q, keys[i], d) * scale);
+  if (mods.active()) m = apply_mods(s, len, 1.f, mods, 1 - len);  // the query is the last key
   float total = 0.f;
   for (int64_t i = 0; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
   std::fill(out, out + d, 0.f);
@@ -110,6 +183,35 @@ inline __m256 exp_ps(__m256 x) {
   const __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// tanh(x) = 1 - 2 / (e^(2x) + 1) (exp_ps' clamp keeps +-1 at the ends; absolute error ~3e-7).
+inline __m256 tanh_ps(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 e = exp_ps(_mm256_add_ps(x, x));
+  return _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
+}
+
+// x * sigmoid(z) = x / (1 + e^-z).
+inline __m256 mul_sigmoid_ps(__m256 x, __m256 z) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  return _mm256_div_ps(x, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), z))));
+}
+
+// erf(x), Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7).
+inline __m256 erf_ps(__m256 x) {
+  const __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.f));
+  const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), ax, one));
+  __m256 p = _mm256_set1_ps(1.061405429f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+  p = _mm256_mul_ps(p, t);
+  const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(ax, ax)));
+  return _mm256_or_ps(_mm256_fnmadd_ps(p, e, one), sign);
 }
 
 // [sum(a0), ..., sum(a7)]: eight horizontal sums in one vector (6 hadds and 2 lane permutes
@@ -176,7 +278,8 @@ inline float exp_shifted_sum(float* s, int64_t n, float scale, float shift) {
 // d % 8 == 0. Scores 8 keys at a time (then one by one); the weighted sum of values in chunks of
 // 64 features held in 8 registers (the values are re-read per chunk from L1).
 inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
-                 int64_t len, int64_t d, float scale, float* s, float* out) {
+                        int64_t len, int64_t d, float scale, float* s, float* out,
+                        const ScoreMods& mods) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t first_single = 0;
   for (; first_single + 8 <= len; first_single += 8) {
@@ -193,6 +296,7 @@ inline void attend_avx2(const float* q, const float* const* keys, const float* c
     if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
     m = std::max(m, s[i] = hsum(_mm256_add_ps(a0, a1)) * scale);
   }
+  if (mods.active()) m = apply_mods(s, len, 1.f, mods, 1 - len);  // the query is the last key
   const __m256 inv = _mm256_set1_ps(1.f / exp_shifted_sum(s, len, 1.f, m));
   for (int64_t c0 = 0; c0 < d; c0 += 64) {
     const int64_t nc = std::min<int64_t>(8, (d - c0) / 8);
@@ -217,10 +321,40 @@ inline void attend_avx2(const float* q, const float* const* keys, const float* c
 #else
 constexpr bool kVectorized = false;
 inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
-                 int64_t len, int64_t d, float scale, float* s, float* out) {
-  attend_scalar(q, keys, values, len, d, scale, s, out);
+                        int64_t len, int64_t d, float scale, float* s, float* out,
+                        const ScoreMods& mods) {
+  attend_scalar(q, keys, values, len, d, scale, s, out, mods);
 }
 #endif
+
+// s[j] <- mods(s[j] * scale) with key j at distance origin + j from the query, over n scores;
+// returns their max. The soft-cap's tanh is vectorised where AVX2 is there.
+inline float apply_mods(float* s, int64_t n, float scale, const ScoreMods& mods, int64_t origin) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const bool capped = mods.softcap > 0.f;
+  const __m256 sv = _mm256_set1_ps(capped ? scale / mods.softcap : scale);
+  const __m256 cap = _mm256_set1_ps(capped ? mods.softcap : 1.f);
+  const __m256 step = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+  const __m256 slope = _mm256_set1_ps(mods.slope);
+  __m256 mv = _mm256_set1_ps(m);
+  for (; j + 8 <= n; j += 8) {
+    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), sv);
+    if (capped) x = _mm256_mul_ps(tanh_ps(x), cap);
+    const __m256 dist = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(origin + j)), step);
+    const __m256 y = _mm256_fmadd_ps(slope, dist, x);
+    _mm256_storeu_ps(s + j, y);
+    mv = _mm256_max_ps(mv, y);
+  }
+  m = hmax(mv);
+#endif
+  for (; j < n; ++j) {
+    s[j] = apply_mods_scalar(s[j] * scale, mods, static_cast<float>(origin + j));
+    m = std::max(m, s[j]);
+  }
+  return m;
+}
 
 // The K and V rows of positions [first, first + len) of one KV head, wherever their blocks are:
 // position p lives in slot table[p / block_size] * block_size + p % block_size of the head's
@@ -242,11 +376,12 @@ inline void paged_rows(const int64_t* table, int64_t block_size, int64_t first, 
 
 // Dispatches on d: the AVX2 path needs d % 8 == 0.
 inline void attend(const float* q, const float* const* keys, const float* const* values,
-                   int64_t len, int64_t d, float scale, float* s, float* out) {
+                   int64_t len, int64_t d, float scale, float* s, float* out,
+                   const ScoreMods& mods) {
   if (kVectorized && d % 8 == 0) {
-    attend_avx2(q, keys, values, len, d, scale, s, out);
+    attend_avx2(q, keys, values, len, d, scale, s, out, mods);
   } else {
-    attend_scalar(q, keys, values, len, d, scale, s, out);
+    attend_scalar(q, keys, values, len, d, scale, s, out, mods);
   }
 }
 
@@ -258,19 +393,22 @@ struct AttendScratch {  // one thread's, reused across calls
 // The `group` query heads of one KV head in one decode row (head g at q + g * q_head_stride)
 // against the row's positions [first, first + len), read in place from the head's [num_slots, d]
 // cache rows through the row's block table -> out + g * d. The group's heads run back to back,
-// so their K/V rows come from L2 after the first.
+// so their K/V rows come from L2 after the first. softcap > 0 caps the scores; slopes (null: no
+// ALiBi) holds the group's ALiBi slopes.
 inline void attend_kv_head(const float* q, int64_t q_head_stride, int64_t group,
                            const int64_t* table, int64_t block_size, int64_t first, int64_t len,
                            const float* k_head, const float* v_head, int64_t d, float scale,
-                           float* out, AttendScratch& scratch) {
+                           float* out, AttendScratch& scratch, float softcap = 0.f,
+                           const float* slopes = nullptr) {
   scratch.keys.resize(len);
   scratch.values.resize(len);
   scratch.scores.resize(len);
   paged_rows(table, block_size, first, len, k_head, v_head, d, scratch.keys.data(),
              scratch.values.data());
   for (int64_t g = 0; g < group; ++g) {
+    const ScoreMods mods{softcap, slopes == nullptr ? 0.f : slopes[g]};
     attend(q + g * q_head_stride, scratch.keys.data(), scratch.values.data(), len, d, scale,
-           scratch.scores.data(), out + g * d);
+           scratch.scores.data(), out + g * d, mods);
   }
 }
 
@@ -287,6 +425,49 @@ inline void silu_mul_row(float* out, const float* gate, const float* up, int64_t
   }
 #endif
   for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+// The MLP activations by id (the fused decode stack's and the gated kernels' encoding).
+enum Activation : int64_t { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kSqrtHalf = 0.7071067811865476f;
+
+inline float act_scalar(float x, int64_t act) {
+  if (act == kSilu) return x / (1.f + std::exp(-x));
+  if (act == kGeluTanh) {  // 0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3)
+    return x / (1.f + std::exp(-2.f * kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+  }
+  return 0.5f * x * (1.f + std::erf(x * kSqrtHalf));
+}
+
+// out[i] = act(x[i]) (* up[i] when up is not null) over n values; out may be x.
+inline void act_row(float* out, const float* x, const float* up, int64_t n, int64_t act) {
+  if (act == kSilu && up != nullptr) return silu_mul_row(out, x, up, n);
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    __m256 y;
+    if (act == kSilu) {
+      y = mul_sigmoid_ps(v, v);
+    } else if (act == kGeluTanh) {
+      const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(v, v), v);
+      const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, v);
+      y = mul_sigmoid_ps(v, _mm256_mul_ps(_mm256_set1_ps(2.f * kSqrt2OverPi), inner));
+    } else {
+      const __m256 e = erf_ps(_mm256_mul_ps(v, _mm256_set1_ps(kSqrtHalf)));
+      const __m256 half_x = _mm256_mul_ps(_mm256_set1_ps(0.5f), v);
+      y = _mm256_mul_ps(half_x, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    }
+    if (up != nullptr) y = _mm256_mul_ps(y, _mm256_loadu_ps(up + i));
+    _mm256_storeu_ps(out + i, y);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float y = act_scalar(x[i], act);
+    out[i] = up != nullptr ? y * up[i] : y;
+  }
 }
 
 // ---- linear on packed weights: y [M, C * n] = x [M, K] @ W, W as column tiles wt [C, K, n] ------

@@ -1,24 +1,34 @@
-// A decode step's decoder layers in one call: Llama-family blocks (pre-norm, gated SiLU MLP, RoPE,
-// GQA over the paged cache; q/k/v/o and MLP biases, per-head q/k norm, residual multiplier and
-// per-layer sliding window as options), fp32 activations, one process (no tensor parallelism).
-// Each linear layer is either fp32 packed tiles or a quantized weight (quant.h's layouts) run
-// with int8 activations: exactly the kernels of the layer-by-layer path (quant_linear).
+// A decode step's decoder layers in one call, fp32, one process (no tensor parallelism): the shared
+// blocks of models/blocks.py with their options: RMS or Layer norms (with biases), q/k/v, output
+// and MLP biases, per-head q/k norms, rotary (rotate-half or interleaved, partial, one of several
+// tables per layer, or none), ALiBi, logit soft-capping, per-layer sliding windows, a gated or
+// plain MLP (SiLU, GELU, tanh-GELU), the residual multiplier, and the four ways a layer composes
+// attention and MLP (sequential, parallel with one or two norms, sandwiched by post-norms). Each
+// linear layer is either fp32 packed tiles or a quantized weight (quant.h's layouts) run with
+// int8 activations: exactly the kernels of the layer-by-layer path (quant_linear).
 //
 // Why: run op by op, a batch-1 step of a 30-layer model is ~300 kernel calls. Each costs Python
 // and dispatch time, and each parallel op wakes the worker threads, which sleep between regions
 // under OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md has the measurements).
 //
-// How: the step is a fixed list of phases, per layer: input norm, qkv, q/k norm + RoPE + KV store,
-// attention, (the attention rows' int8 quantisation, when it could not run inside attention),
-// o_proj, post norm, gate_up, SiLU * up, down. A phase is a set of independent tasks: rows,
-// 16-column weight tiles (two 8-column groups of a quantized weight), or (row, KV head) pairs.
-// A quantized linear's input rows are quantised to int8 by the row tasks that produce them (the
-// norms, SiLU * up, and each (row, KV head) attention task for its 32-aligned slice of the row). Every thread of one parallel region runs
-// the same program: it claims the phase's tasks from an atomic counter, then waits until all of
-// them are done, then goes on to the next phase. Nothing is assigned in advance, so a thread that
-// wakes late or is descheduled only leaves its unclaimed tiles to the others (who then wait only
-// for tasks already in progress). Every task runs the op-by-op kernels' own helpers (common.h),
-// so the results do not depend on which thread ran what, nor on the number of threads.
+// How: the step is a fixed list of phases, per layer: residual add + norm(s), qkv, q/k norm + RoPE
+// + KV store, attention, (the attention rows' int8 quantisation, when it could not run inside
+// attention), o_proj, the MLP's norm, gate_up (or up), activation, down. A phase is a set of
+// independent tasks: rows, 16-column weight tiles (two 8-column groups of a quantized weight), or
+// (row, KV head) pairs. A quantized linear's input rows are quantised to int8 by the row tasks
+// that produce them (the norms, the activation, and each (row, KV head) attention task for its
+// 32-aligned slice of the row). Every thread
+// of one parallel region runs the same program: it claims the phase's tasks from an atomic
+// counter, then waits until all of them are done, then goes on to the next phase. Nothing is
+// assigned in advance, so a thread that wakes late or is descheduled only leaves its unclaimed
+// tiles to the others (who then wait only for tasks already in progress). Every task runs the
+// op-by-op kernels' own helpers (common.h), so the results do not depend on which thread ran
+// what, nor on the number of threads.
+//
+// The residual stream: layer l's "branch" (what it adds to the stream) is down * multiplier
+// (sequential), o + down (parallel), or mlp_out_norm(down) (sandwich); the next layer's first
+// phase adds it, and the last phase writes the last layer's branch to `out`, so (out, residual)
+// are what the op-by-op layers hand to the final norm(out + residual).
 #include "common.h"
 #include "quant_ops.h"
 
@@ -68,8 +78,11 @@ void run_phase(PhaseCounter& counter, int64_t n, const Task& task) {
 
 using TensorMap = std::unordered_map<std::string, at::Tensor>;
 
-// One linear layer of the stack: fp32 packed tiles [C, K, 16] (tiles != null), or a quantized
-// weight (quant.h) multiplied with int8 activations; bias [>= N] or null.
+// How layers compose attention and MLP (models/config.py BLOCKS, in that order).
+enum Block : int64_t { kSequential = 0, kParallel = 1, kParallelTwoNorms = 2, kSandwich = 3 };
+
+// One linear layer of the stack: fp32 packed tiles [C, K, 16] with bias [C * 16] (tiles != null),
+// or a quantized weight (quant.h) multiplied with int8 activations, bias [N]; bias may be null.
 struct Linear {
   const float* tiles = nullptr;
   const float* bias = nullptr;
@@ -80,9 +93,11 @@ struct Linear {
 // One decoder layer's parameters, as the layers hold them after loading; optional entries are
 // null.
 struct Layer {
-  const float *input_norm, *post_norm, *q_norm, *k_norm;
-  Linear qkv, o, gate_up, down;
-  int64_t window;  // a query at position p sees keys p - window < pos <= p; 0 = all keys
+  Norm input_norm, mlp_norm, attn_out_norm, mlp_out_norm, q_norm, k_norm;
+  Linear qkv, o, up, down;
+  const float* alibi;  // [heads] or null
+  int64_t window;      // a query at position p sees keys p - window < pos <= p; 0 = all keys
+  int64_t rope_table;  // which of the step's rotary tables this layer rotates with
 };
 
 // A linear input's rows quantised to int8 per 32-wide block (quant.h's Acts), [B, kblocks * 32]
@@ -133,34 +148,48 @@ class DecodeStack {
  public:
   DecodeStack(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim,
               int64_t intermediate, double eps, double scale, double residual_multiplier,
-              const std::vector<TensorMap>& layers, const std::vector<int64_t>& windows)
+              bool layer_norm, int64_t block, int64_t activation, bool gated,
+              bool rotary_interleaved, double softcap, const std::vector<TensorMap>& layers,
+              const std::vector<int64_t>& windows, const std::vector<int64_t>& rope_tables)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         inter_(intermediate), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
-        multiplier_(static_cast<float>(residual_multiplier)), kern_(&quant::select("auto")) {
+        multiplier_(static_cast<float>(residual_multiplier)), layer_norm_(layer_norm),
+        block_(block), act_(activation), gated_(gated), interleaved_(rotary_interleaved),
+        softcap_(static_cast<float>(softcap)), kern_(&quant::select("auto")) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
-    TORCH_CHECK(layers.size() == windows.size() && !layers.empty(), "one window per layer");
+    TORCH_CHECK(layers.size() == windows.size() && layers.size() == rope_tables.size() &&
+                    !layers.empty(),
+                "one window and one rotary table per layer");
+    TORCH_CHECK(block >= kSequential && block <= kSandwich, "decode stack: unknown block");
+    TORCH_CHECK(activation >= kSilu && activation <= kGeluTanh, "decode stack: unknown act");
+    TORCH_CHECK(softcap >= 0, "decode stack: negative softcap");
     qkv_tiles_ = tiles_for((heads + 2 * kv_heads) * head_dim);
     o_tiles_ = tiles_for(hidden);
-    gate_up_tiles_ = tiles_for(2 * intermediate);
+    up_tiles_ = tiles_for((gated ? 2 : 1) * intermediate);
     down_tiles_ = tiles_for(hidden);
-    for (size_t i = 0; i < layers.size(); ++i) layers_.push_back(bind(layers[i], windows[i]));
+    for (size_t i = 0; i < layers.size(); ++i) {
+      layers_.push_back(bind(layers[i], windows[i], rope_tables[i]));
+      num_tables_ = std::max(num_tables_, rope_tables[i] + 1);
+    }
+    const bool two_norms = block_ == kParallelTwoNorms;
     for (const Layer& l : layers_) {
-      quant_normed_ |= l.qkv.quantized || l.gate_up.quantized;
+      quant_normed_ |= l.qkv.quantized || (!two_norms && l.up.quantized);
+      quant_mlp_normed_ |= two_norms && l.up.quantized;
       quant_attn_ |= l.o.quantized;
       quant_act_ |= l.down.quantized;
     }
-    const int64_t group_width = heads / kv_heads * head_dim;
-    attn_quant_in_task_ = group_width % quant::kKBlock == 0;
+    attn_quant_in_task_ = heads / kv_heads * head_dim % quant::kKBlock == 0;
   }
 
   // The kernel table the quantized layers run on (quant_ops.cpp's select("auto")).
   std::string isa() const { return kern_->name; }
 
-  // hidden [B, hidden] (the embeddings), cos / sin [B, rd], slots [B] (int64: where each row's
-  // new K/V goes), block_tables [B, W] and seq_lens [B] (int64: row b's keys are positions
-  // 0 <= p < seq_lens[b], its new token the last), each layer's K and V cache [KVH, S, D]
-  // (passed per call: their owner frees and reallocates them). Returns (hidden, residual)
-  // [B, hidden] each, as the op-by-op layers leave them for the final norm(hidden + residual).
+  // hidden [B, hidden] (the embeddings), cos / sin [R, B, rd] (R rotary tables, rd may be 0),
+  // slots [B] (int64: where each row's new K/V goes), block_tables [B, W] and seq_lens [B]
+  // (int64: row b's keys are positions 0 <= p < seq_lens[b], its new token the last), each
+  // layer's K and V cache [KVH, S, D] (passed per call: their owner frees and reallocates them).
+  // Returns (hidden, residual) [B, hidden] each, as the op-by-op layers leave them for the final
+  // norm(hidden + residual).
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& hidden, const at::Tensor& cos,
                                              const at::Tensor& sin, const at::Tensor& slots,
                                              const at::Tensor& block_tables,
@@ -178,19 +207,23 @@ class DecodeStack {
     auto f32 = hidden.options();
     at::Tensor residual = hidden.clone();
     at::Tensor out = at::empty({rows, hidden_}, f32);
+    const bool two_norms = block_ == kParallelTwoNorms;
     Buffers buf{at::empty({rows, hidden_}, f32),
+                at::empty({two_norms ? rows : 0, hidden_}, f32),
                 at::empty({rows, qkv_tiles_ * kTile}, f32),
                 at::empty({rows, heads_ * head_dim_}, f32),
                 at::empty({rows, o_tiles_ * kTile}, f32),
-                at::empty({rows, gate_up_tiles_ * kTile}, f32),
+                at::empty({rows, up_tiles_ * kTile}, f32),
                 at::empty({rows, inter_}, f32),
                 at::empty({rows, down_tiles_ * kTile}, f32)};
-    at::Tensor normed_q, attn_q, act_q;  // storage of the int8 rows, when a layer needs them
+    at::Tensor normed_q, mlp_q, attn_q, act_q;  // storage of the int8 rows a layer needs
     if (quant_normed_) buf.normed_q = QuantRows::allocate(rows, hidden_, normed_q);
+    if (quant_mlp_normed_) buf.mlp_q = QuantRows::allocate(rows, hidden_, mlp_q);
     if (quant_attn_) buf.attn_q = QuantRows::allocate(rows, heads_ * head_dim_, attn_q);
     if (quant_act_) buf.act_q = QuantRows::allocate(rows, inter_, act_q);
     Step step{rows,
-              cos.size(1),
+              cos.size(2),
+              cos.size(1) * cos.size(2),
               cos.data_ptr<float>(),
               sin.data_ptr<float>(),
               slots.data_ptr<int64_t>(),
@@ -215,11 +248,13 @@ class DecodeStack {
 
  private:
   struct Buffers {  // [B, width] each; tile outputs are padded to a multiple of 16 columns
-    at::Tensor normed, qkv, attn, o, gate_up, act, down;
-    QuantRows normed_q, attn_q, act_q;  // int8 copies of normed, attn and act rows
+    at::Tensor normed, mlp_normed, qkv, attn, o, up, act, down;
+    // int8 copies of rows of normed (the qkv input, and the MLP's except with two norms),
+    // mlp_normed, attn and act, for the quantized layers that read them
+    QuantRows normed_q, mlp_q, attn_q, act_q;
   };
   struct Step {
-    int64_t rows, rotary_dim;
+    int64_t rows, rotary_dim, table_stride;  // table t, row b: cos + t * table_stride + b * rd
     const float *cos, *sin;
     const int64_t *slots, *tables;
     int64_t table_width;
@@ -229,38 +264,48 @@ class DecodeStack {
     int64_t num_slots;
     float *residual, *out;
   };
+  // The buffers' rows as raw pointers, with their widths.
+  struct Rows {
+    float *normed, *mlp_normed, *qkv, *attn, *o, *up, *act, *down;
+    int64_t qkv_w, o_w, up_w, down_w;
+  };
 
   static int64_t tiles_for(int64_t columns) { return (columns + kTile - 1) / kTile; }
 
-  // Tensor `name` of m: exactly `shape`, or (shape empty) a vector of `numel` values.
-  const float* bind_tensor(const TensorMap& m, const char* name, std::vector<int64_t> shape,
-                           bool required, int64_t numel = 0) {
+  const float* bind_tensor(const TensorMap& m, const std::string& name,
+                           std::vector<int64_t> shape, bool required) {
     auto it = m.find(name);
     if (it == m.end()) {
       TORCH_CHECK(!required, "decode stack: missing ", name);
       return nullptr;
     }
     const at::Tensor& t = it->second;
-    check_f32(t, name);
-    if (shape.empty()) shape = {numel};
+    check_f32(t, name.c_str());
     TORCH_CHECK(t.is_contiguous() && t.sizes() == at::IntArrayRef(shape), "decode stack: ", name,
                 " has shape ", t.sizes(), ", expected ", at::IntArrayRef(shape));
     kept_.push_back(t);
     return t.data_ptr<float>();
   }
 
-  // Linear `name` of a layer: fp32 tiles `name` [tiles, k, 16], or a quantized weight given as
-  // `name.codes`, `name.scales`, optional `name.mins` / `name.table` and `name.layout` (int64
-  // [format, n, k, scale_block]); optional bias `name_bias` (fp32, at least n values).
+  Norm bind_norm(const TensorMap& m, const std::string& name, int64_t size, bool required) {
+    Norm n{bind_tensor(m, name, {size}, required), bind_tensor(m, name + "_bias", {size}, false)};
+    TORCH_CHECK(n.bias == nullptr || layer_norm_, "decode stack: an RMSNorm has no bias");
+    return n;
+  }
+
+  // Linear `name` of a layer [n, k]: fp32 tiles `name` [tiles, k, 16] and bias `name_bias`
+  // [tiles * 16], or a quantized weight given as `name.codes`, `name.scales`, optional
+  // `name.mins` / `name.table` and `name.layout` (int64 [format, n, k, scale_block]), bias
+  // `name_bias` [n]; the bias is optional.
   Linear bind_linear(const TensorMap& m, const std::string& name, int64_t n, int64_t k) {
     Linear lin;
     const int64_t tiles = tiles_for(n);
     if (m.count(name)) {
-      lin.tiles = bind_tensor(m, name.c_str(), {tiles, k, kTile}, true);
-      lin.bias = bind_tensor(m, (name + "_bias").c_str(), {}, false, tiles * kTile);
+      lin.tiles = bind_tensor(m, name, {tiles, k, kTile}, true);
+      lin.bias = bind_tensor(m, name + "_bias", {tiles * kTile}, false);
       return lin;
     }
-    lin.bias = bind_tensor(m, (name + "_bias").c_str(), {}, false, n);
+    lin.bias = bind_tensor(m, name + "_bias", {n}, false);
     auto tensor = [&](const std::string& key, bool required) -> std::optional<at::Tensor> {
       auto it = m.find(name + "." + key);
       TORCH_CHECK(it != m.end() || !required, "decode stack: missing ", name, " (or ", name,
@@ -283,20 +328,28 @@ class DecodeStack {
     return lin;
   }
 
-  Layer bind(const TensorMap& m, int64_t window) {
+  Layer bind(const TensorMap& m, int64_t window, int64_t rope_table) {
     const int64_t d = head_dim_;
     Layer l{};
-    l.input_norm = bind_tensor(m, "input_norm", {hidden_}, true);
-    l.post_norm = bind_tensor(m, "post_norm", {hidden_}, true);
-    l.q_norm = bind_tensor(m, "q_norm", {d}, false);
-    l.k_norm = bind_tensor(m, "k_norm", {d}, false);
-    TORCH_CHECK(!l.q_norm == !l.k_norm, "decode stack: q_norm and k_norm come together");
+    l.input_norm = bind_norm(m, "input_norm", hidden_, true);
+    const bool separate_mlp_norm = block_ != kParallel;
+    l.mlp_norm = bind_norm(m, "mlp_norm", hidden_, separate_mlp_norm);
+    TORCH_CHECK(separate_mlp_norm || l.mlp_norm.weight == nullptr,
+                "decode stack: a parallel block has one norm");
+    l.attn_out_norm = bind_norm(m, "attn_out_norm", hidden_, block_ == kSandwich);
+    l.mlp_out_norm = bind_norm(m, "mlp_out_norm", hidden_, block_ == kSandwich);
+    l.q_norm = bind_norm(m, "q_norm", d, false);
+    l.k_norm = bind_norm(m, "k_norm", d, false);
+    TORCH_CHECK(!l.q_norm.weight == !l.k_norm.weight,
+                "decode stack: q_norm and k_norm come together");
     l.qkv = bind_linear(m, "qkv", (heads_ + 2 * kv_heads_) * d, hidden_);
     l.o = bind_linear(m, "o", hidden_, heads_ * d);
-    l.gate_up = bind_linear(m, "gate_up", 2 * inter_, hidden_);
+    l.up = bind_linear(m, gated_ ? "gate_up" : "up", (gated_ ? 2 : 1) * inter_, hidden_);
     l.down = bind_linear(m, "down", hidden_, inter_);
-    TORCH_CHECK(window >= 0, "decode stack: negative window");
+    l.alibi = bind_tensor(m, "alibi_slopes", {heads_}, false);
+    TORCH_CHECK(window >= 0 && rope_table >= 0, "decode stack: negative window or table");
     l.window = window;
+    l.rope_table = rope_table;
     return l;
   }
 
@@ -321,15 +374,17 @@ class DecodeStack {
                     const at::Tensor& slots, const at::Tensor& tables,
                     const at::Tensor& seq_lens, int64_t block_size, int64_t num_slots) const {
     check_f32(hidden, "hidden");
-    check_f32(cos, "cos");
-    check_f32(sin, "sin");
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == hidden_ && hidden.is_contiguous(),
                 "hidden must be [B, hidden]");
     const int64_t rows = hidden.size(0);
-    TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(0) == rows &&
-                    cos.is_contiguous() && sin.is_contiguous() && cos.size(1) <= head_dim_ &&
-                    cos.size(1) % 2 == 0,
-                "cos / sin must be [B, rotary_dim]");
+    TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes() && cos.size(0) >= num_tables_ &&
+                    cos.size(1) == rows && cos.size(2) <= head_dim_ && cos.size(2) % 2 == 0,
+                "cos / sin must be [tables, B, rotary_dim]");
+    if (cos.numel() > 0) {
+      check_f32(cos, "cos");
+      check_f32(sin, "sin");
+      TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous(), "cos / sin must be contiguous");
+    }
     for (const at::Tensor* t : {&slots, &tables, &seq_lens}) {
       TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "int64 metadata expected");
     }
@@ -350,31 +405,81 @@ class DecodeStack {
     }
   }
 
-  void run_program(const Step& s, const Buffers& buf, PhaseCounter* counter) const {
-    const int64_t hd = hidden_, d = head_dim_, rows = s.rows, group = heads_ / kv_heads_;
-    const int64_t qkv_w = qkv_tiles_ * kTile, o_w = o_tiles_ * kTile;
-    const int64_t gu_w = gate_up_tiles_ * kTile, down_w = down_tiles_ * kTile;
-    float *normed = buf.normed.data_ptr<float>(), *qkv = buf.qkv.data_ptr<float>(),
-          *attn = buf.attn.data_ptr<float>(), *o = buf.o.data_ptr<float>(),
-          *gu = buf.gate_up.data_ptr<float>(), *act = buf.act.data_ptr<float>(),
-          *down = buf.down.data_ptr<float>();
-    AttendScratch scratch;  // this thread's
+  // Layer `prev`'s branch of row b (what it adds to the residual stream) into `dst`.
+  void branch_row(const Layer& prev, const Rows& r, int64_t b, float* dst) const {
+    const float* down = r.down + b * r.down_w;
+    if (block_ == kSandwich) {
+      norm_row(dst, down, prev.mlp_out_norm, hidden_, eps_, layer_norm_);
+    } else if (block_ == kSequential) {
+      for (int64_t i = 0; i < hidden_; ++i) dst[i] = down[i] * multiplier_;
+    } else {
+      const float* o = r.o + b * r.o_w;
+      for (int64_t i = 0; i < hidden_; ++i) dst[i] = o[i] + down[i];
+    }
+  }
 
-    // residual[b] += multiplier * branch[b] (the branch's first `hidden` columns), then
-    // normed[b] = rms_norm(residual[b]); no branch (the first layer): just the norm. Then the
-    // int8 copy of normed[b] when the consumer is quantized.
-    auto add_norm = [&](const float* branch, int64_t branch_w, const float* weight, bool quant) {
-      return [=, &buf](int64_t b) {
-        float* r = s.residual + b * hd;
-        if (branch == nullptr) {
-          rms_row(normed + b * hd, r, weight, hd, eps_);
-        } else {
-          add_rms_row(normed + b * hd, r, branch + b * branch_w, multiplier_, weight, hd, eps_);
-        }
-        if (quant) buf.normed_q.quantize(*kern_, normed, hd, b, 0, hd);
-      };
-    };
-    // Task t of a linear: output columns [16 t, 16 t + 16) for every row.
+  // residual[b] += branch (none for the first layer), then the attention's (and, with two
+  // parallel norms, the MLP's) normed input.
+  void pre_attention_row(const Layer& l, const Layer* prev, const Step& s, const Rows& r,
+                         const Buffers& buf, int64_t b, std::vector<float>& branch) const {
+    float* res = s.residual + b * hidden_;
+    if (prev != nullptr) {
+      branch_row(*prev, r, b, branch.data());
+#pragma omp simd
+      for (int64_t i = 0; i < hidden_; ++i) res[i] += branch[i];
+    }
+    norm_row(r.normed + b * hidden_, res, l.input_norm, hidden_, eps_, layer_norm_);
+    // a parallel block's MLP reads this norm too
+    if (l.qkv.quantized || (block_ == kParallel && l.up.quantized)) {
+      buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
+    }
+    if (block_ == kParallelTwoNorms) {
+      norm_row(r.mlp_normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
+      if (l.up.quantized) buf.mlp_q.quantize(*kern_, r.mlp_normed, hidden_, b, 0, hidden_);
+    }
+  }
+
+  // After o_proj: sequential adds o * multiplier to the stream, a sandwich its post-normed o;
+  // both then norm the stream for the MLP (parallel blocks have nothing to do here).
+  void pre_mlp_row(const Layer& l, const Step& s, const Rows& r, const Buffers& buf, int64_t b,
+                   std::vector<float>& branch) const {
+    float* res = s.residual + b * hidden_;
+    const float* o = r.o + b * r.o_w;
+    if (block_ == kSandwich) {
+      norm_row(branch.data(), o, l.attn_out_norm, hidden_, eps_, layer_norm_);
+    } else {
+      for (int64_t i = 0; i < hidden_; ++i) branch[i] = o[i] * multiplier_;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < hidden_; ++i) res[i] += branch[i];
+    norm_row(r.normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
+    if (l.up.quantized) buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
+  }
+
+  void run_program(const Step& s, const Buffers& buf, PhaseCounter* counter) const {
+    const int64_t hd = hidden_, d = head_dim_, rows = s.rows;
+    const Rows r{buf.normed.data_ptr<float>(),
+                 buf.mlp_normed.data_ptr<float>(),
+                 buf.qkv.data_ptr<float>(),
+                 buf.attn.data_ptr<float>(),
+                 buf.o.data_ptr<float>(),
+                 buf.up.data_ptr<float>(),
+                 buf.act.data_ptr<float>(),
+                 buf.down.data_ptr<float>(),
+                 qkv_tiles_ * kTile,
+                 o_tiles_ * kTile,
+                 up_tiles_ * kTile,
+                 down_tiles_ * kTile};
+    AttendScratch scratch;  // this thread's
+    std::vector<float> branch(hd);
+    const bool mlp_after_o = block_ == kSequential || block_ == kSandwich;
+    // the MLP reads the pre-MLP norm (sequential, sandwich), its own parallel norm, or the input's
+    const bool two_norms = block_ == kParallelTwoNorms;
+    const float* mlp_in = two_norms ? r.mlp_normed : r.normed;
+    const QuantRows& mlp_in_q = two_norms ? buf.mlp_q : buf.normed_q;
+    const int64_t group = heads_ / kv_heads_;
+    // Task t of a linear [n, k]: output columns [16 t, 16 t + 16) of every row, from x (fp32
+    // tiles) or its int8 copy xq (a quantized weight: 8-column groups 2 t and 2 t + 1).
     auto linear = [&](const Linear& lin, const float* x, int64_t k, const QuantRows& xq, float* y,
                       int64_t ys) {
       return [&, x, k, y, ys](int64_t t) {
@@ -393,51 +498,55 @@ class DecodeStack {
 
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
+      const Layer* prev = li == 0 ? nullptr : &layers_[li - 1];
       float *k_cache = s.k_caches[li], *v_cache = s.v_caches[li];
       PhaseCounter* c = counter + li * kPhasesPerLayer;
       const bool attn_q_in_task = l.o.quantized && attn_quant_in_task_;
-      run_phase(c[0], rows,
-                add_norm(li == 0 ? nullptr : down, down_w, l.input_norm, l.qkv.quantized));
-      run_phase(c[1], qkv_tiles_, linear(l.qkv, normed, hd, buf.normed_q, qkv, qkv_w));
+      run_phase(c[0], rows, [&](int64_t b) { pre_attention_row(l, prev, s, r, buf, b, branch); });
+      run_phase(c[1], qkv_tiles_, linear(l.qkv, r.normed, hd, buf.normed_q, r.qkv, r.qkv_w));
       run_phase(c[2], rows, [&](int64_t b) {
-        rope_and_store(l, s, qkv + b * qkv_w, b, k_cache, v_cache);
+        rope_and_store(l, s, r.qkv + b * r.qkv_w, b, k_cache, v_cache);
       });
       run_phase(c[3], rows * kv_heads_, [&](int64_t task) {
         const int64_t b = task / kv_heads_, h = task % kv_heads_;
-        attend_group(l, s, qkv + b * qkv_w, b, h, k_cache, v_cache, attn, scratch);
+        attend_group(l, s, r.qkv + b * r.qkv_w, b, h, k_cache, v_cache, r.attn, scratch);
         if (attn_q_in_task) {
-          buf.attn_q.quantize(*kern_, attn, heads_ * d, b, h * group * d, group * d);
+          buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, h * group * d, group * d);
         }
       });
       run_phase(c[4], l.o.quantized && !attn_q_in_task ? rows : 0, [&](int64_t b) {
-        buf.attn_q.quantize(*kern_, attn, heads_ * d, b, 0, heads_ * d);
+        buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, 0, heads_ * d);
       });
-      run_phase(c[5], o_tiles_, linear(l.o, attn, heads_ * d, buf.attn_q, o, o_w));
-      run_phase(c[6], rows, add_norm(o, o_w, l.post_norm, l.gate_up.quantized));
-      run_phase(c[7], gate_up_tiles_, linear(l.gate_up, normed, hd, buf.normed_q, gu, gu_w));
+      run_phase(c[5], o_tiles_, linear(l.o, r.attn, heads_ * d, buf.attn_q, r.o, r.o_w));
+      run_phase(c[6], mlp_after_o ? rows : 0,
+                [&](int64_t b) { pre_mlp_row(l, s, r, buf, b, branch); });
+      run_phase(c[7], up_tiles_, linear(l.up, mlp_in, hd, mlp_in_q, r.up, r.up_w));
       run_phase(c[8], rows, [&](int64_t b) {
-        silu_mul_row(act + b * inter_, gu + b * gu_w, gu + b * gu_w + inter_, inter_);
-        if (l.down.quantized) buf.act_q.quantize(*kern_, act, inter_, b, 0, inter_);
+        const float* x = r.up + b * r.up_w;
+        act_row(r.act + b * inter_, x, gated_ ? x + inter_ : nullptr, inter_, act_);
+        if (l.down.quantized) buf.act_q.quantize(*kern_, r.act, inter_, b, 0, inter_);
       });
-      run_phase(c[9], down_tiles_, linear(l.down, act, inter_, buf.act_q, down, down_w));
+      run_phase(c[9], down_tiles_, linear(l.down, r.act, inter_, buf.act_q, r.down, r.down_w));
     }
     run_phase(counter[layers_.size() * kPhasesPerLayer], rows, [&](int64_t b) {
-      const float* x = down + b * down_w;
-      float* y = s.out + b * hd;
-      for (int64_t i = 0; i < hd; ++i) y[i] = multiplier_ == 1.f ? x[i] : x[i] * multiplier_;
+      branch_row(layers_.back(), r, b, s.out + b * hd);
     });
   }
 
-  // Row b's q and k heads (in its qkv row [q heads | k heads | v heads]): per-head RMSNorm when
-  // the model has one, RoPE at the row's position; then its K and V go to the cache slot.
+  // Row b's q and k heads (in its qkv row [q heads | k heads | v heads]): per-head norm when
+  // the model has one, RoPE at the row's position with the layer's table; then its K and V go
+  // to the cache slot.
   void rope_and_store(const Layer& l, const Step& s, float* qkv_row, int64_t b, float* k_cache,
                       float* v_cache) const {
     const int64_t d = head_dim_, rd = s.rotary_dim;
-    const float *c = s.cos + b * rd, *sn = s.sin + b * rd;
+    const int64_t offset = l.rope_table * s.table_stride + b * rd;
+    const float *c = s.cos + offset, *sn = s.sin + offset;
     for (int64_t h = 0; h < heads_ + kv_heads_; ++h) {
       float* v = qkv_row + h * d;
-      if (l.q_norm != nullptr) rms_row(v, v, h < heads_ ? l.q_norm : l.k_norm, d, eps_);
-      rotate_head(v, c, sn, rd);
+      if (l.q_norm.weight != nullptr) {
+        norm_row(v, v, h < heads_ ? l.q_norm : l.k_norm, d, eps_, layer_norm_);
+      }
+      if (rd > 0) rotate(v, c, sn, rd, interleaved_);
     }
     const int64_t slot = s.slots[b];
     for (int64_t h = 0; h < kv_heads_; ++h) {
@@ -456,33 +565,39 @@ class DecodeStack {
     attend_kv_head(qkv_row + h * group * d, d, group, s.tables + b * s.table_width, s.block_size,
                    first, seq_len - first, k_cache + h * s.num_slots * d,
                    v_cache + h * s.num_slots * d, d, scale_, attn + (b * heads_ + h * group) * d,
-                   scratch);
+                   scratch, softcap_, l.alibi == nullptr ? nullptr : l.alibi + h * group);
   }
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;
   float eps_, scale_, multiplier_;
+  bool layer_norm_;
+  int64_t block_, act_;
+  bool gated_, interleaved_;
+  float softcap_;
   const quant::Kernels* kern_;  // the quantized layers' kernel table, chosen once
-  bool quant_normed_ = false, quant_attn_ = false, quant_act_ = false;  // int8 rows needed
+  // which int8 row copies some layer needs
+  bool quant_normed_ = false, quant_mlp_normed_ = false, quant_attn_ = false, quant_act_ = false;
   bool attn_quant_in_task_ = false;  // a KV head's query heads span whole 32-wide blocks
-  int64_t qkv_tiles_, o_tiles_, gate_up_tiles_, down_tiles_;
+  int64_t qkv_tiles_, o_tiles_, up_tiles_, down_tiles_;
+  int64_t num_tables_ = 1;
   std::vector<Layer> layers_;
   std::vector<at::Tensor> kept_;  // the tensors layers_ points into
 };
 
 void register_decode_stack(pybind11::module& m) {
-  pybind11::class_<DecodeStack>(m, "DecodeStack")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double,
-                          const std::vector<TensorMap>&, const std::vector<int64_t>&>(),
-           pybind11::arg("hidden_size"), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"),
-           pybind11::arg("intermediate_size"), pybind11::arg("eps"), pybind11::arg("scale"),
-           pybind11::arg("residual_multiplier"), pybind11::arg("layers"),
-           pybind11::arg("windows"))
-      .def("forward", &DecodeStack::forward, pybind11::arg("hidden"), pybind11::arg("cos"),
-           pybind11::arg("sin"), pybind11::arg("slots"), pybind11::arg("block_tables"),
-           pybind11::arg("seq_lens"), pybind11::arg("block_size"), pybind11::arg("k_caches"),
-           pybind11::arg("v_caches"),
-           pybind11::call_guard<pybind11::gil_scoped_release>())
+  namespace py = pybind11;
+  py::class_<DecodeStack>(m, "DecodeStack")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, bool,
+                    int64_t, int64_t, bool, bool, double, const std::vector<TensorMap>&,
+                    const std::vector<int64_t>&, const std::vector<int64_t>&>(),
+           py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
+           py::arg("head_dim"), py::arg("intermediate_size"), py::arg("eps"), py::arg("scale"),
+           py::arg("residual_multiplier"), py::arg("layer_norm"), py::arg("block"),
+           py::arg("activation"), py::arg("gated"), py::arg("rotary_interleaved"),
+           py::arg("softcap"), py::arg("layers"), py::arg("windows"), py::arg("rope_tables"))
+      .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
+           py::arg("slots"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
+           py::arg("k_caches"), py::arg("v_caches"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("isa", &DecodeStack::isa);
 }
 

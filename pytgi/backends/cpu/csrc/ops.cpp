@@ -57,10 +57,47 @@ at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor& residual, const at::Te
   return out;
 }
 
-// In place, rotate-half RoPE on the first rotary_dim features of every head:
-// x [T, N, D] (any row/head strides), cos [T, rd] = [c | c], sin [T, rd] = [-s | s]:
-// x[:rd] <- x[:rd] * cos + [x2 | x1] * sin.
-void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+// LayerNorm over the last dimension: x [..., D] contiguous, weight [D], bias [D] or None.
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& bias, double eps) {
+  check_f32(x, "x");
+  check_f32(weight, "weight");
+  if (bias.has_value()) check_f32(*bias, "bias");
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+  auto out = at::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *wp = weight.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) layer_norm_row(op + r * d, xp + r * d, wp, bp, d, eps);
+  });
+  return out;
+}
+
+// residual += x (in place), returns layer_norm(residual): the pre-norm block's "add then norm".
+at::Tensor add_layer_norm_(const at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, double eps) {
+  check_f32(x, "x");
+  check_f32(residual, "residual");
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous() && x.sizes() == residual.sizes(),
+              "x and residual must be contiguous tensors of the same shape");
+  const int64_t d = x.size(-1), rows = x.numel() / std::max<int64_t>(d, 1);
+  const float* xp = x.data_ptr<float>();
+  float* rp = residual.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) rp[r * d + i] += xp[r * d + i];
+    }
+  });
+  return layer_norm(residual, weight, bias, eps);
+}
+
+// In place, RoPE on the first rotary_dim features of every head: x [T, N, D] (any row/head
+// strides), cos / sin [T, rd]. Rotate-half: cos = [c | c], sin = [-s | s], x[:rd] <- x[:rd] * cos
+// + [x2 | x1] * sin; interleaved: cos = [c0, c0, ...], sin = [-s0, s0, ...], pairs (2i, 2i+1).
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
   check_f32(x, "x");
   check_f32(cos, "cos");
   check_f32(sin, "sin");
@@ -74,7 +111,7 @@ void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
   at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float *c = cp + t * rd, *s = sp + t * rd;
-      for (int64_t h = 0; h < heads; ++h) rotate_head(xp + t * st + h * sh, c, s, rd);
+      for (int64_t h = 0; h < heads; ++h) rotate(xp + t * st + h * sh, c, s, rd, interleaved);
     }
   });
 }
@@ -105,16 +142,27 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   }
 }
 
+// ALiBi slopes [heads] fp32 contiguous, or null when none are given.
+const float* alibi_slopes(const std::optional<at::Tensor>& alibi, int64_t heads) {
+  if (!alibi.has_value()) return nullptr;
+  check_f32(*alibi, "alibi");
+  TORCH_CHECK(alibi->is_contiguous() && alibi->numel() == heads, "one ALiBi slope per head");
+  return alibi->data_ptr<float>();
+}
+
 // One query token per row, read straight from the paged cache (no gather copy):
 // q [B, H, D] (any row/head strides), caches [KVH, num_blocks * block_size, D],
 // block_tables [B, W] int64 (padded), first / seq_lens [B] int64: row b attends the keys at
 // positions first[b] <= p < seq_lens[b]. Query head h reads KV head h / (H / KVH) (GQA, as
 // transformers' repeat_kv). Returns [B, H, D]. Exact (two-pass) softmax per query head; the query
 // heads of one KV head run back to back, so their K/V rows come from L2 after the first.
+// softcap > 0: scores -> softcap * tanh(scores / softcap); alibi [H] (optional): scores +=
+// alibi[h] * (key position - query position).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& first, const at::Tensor& seq_lens,
-                            int64_t block_size, double scale) {
+                            int64_t block_size, double scale, double softcap,
+                            const std::optional<at::Tensor>& alibi) {
   check_f32(q, "q");
   check_f32(k_cache, "k_cache");
   check_f32(v_cache, "v_cache");
@@ -130,6 +178,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
   TORCH_CHECK(block_tables.size(0) == rows && first.numel() == rows && seq_lens.numel() == rows,
               "one block table, first and length per row");
   const int64_t group = heads / kvh;
+  const float* slopes = alibi_slopes(alibi, heads);
   const int64_t *tables = block_tables.data_ptr<int64_t>(), *fp = first.data_ptr<int64_t>(),
                 *lp = seq_lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < rows; ++b) {
@@ -152,12 +201,46 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
       const int64_t b = task / kvh, h = task % kvh;
       attend_kv_head(qp + b * qsr + h * group * qsh, qsh, group, tables + b * width, block_size,
                      fp[b], lp[b] - fp[b], kc + h * num_slots * d, vc + h * num_slots * d, d, sc,
-                     op + (b * heads + h * group) * d, scratch);
+                     op + (b * heads + h * group) * d, scratch, static_cast<float>(softcap),
+                     slopes == nullptr ? nullptr : slopes + h * group);
     }
   });
   return out;
 }
 
+
+// x [T, 2I] contiguous = [gate | up] -> gelu(gate) * up [T, I] (exact, or the tanh form).
+at::Tensor gelu_and_mul(const at::Tensor& x, bool tanh_approximation) {
+  check_f32(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 2 == 0, "x must be [T, 2I]");
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  const int64_t act = tanh_approximation ? kGeluTanh : kGelu;
+  auto out = at::empty({rows, inter}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = xp + r * 2 * inter;
+      act_row(op + r * inter, gate, gate + inter, inter, act);
+    }
+  });
+  return out;
+}
+
+// x [..., n] contiguous -> gelu(x) (exact, or the tanh form): a plain MLP's activation.
+at::Tensor gelu(const at::Tensor& x, bool tanh_approximation) {
+  check_f32(x, "x");
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  const int64_t n = x.size(-1), rows = x.numel() / std::max<int64_t>(n, 1);
+  const int64_t act = tanh_approximation ? kGeluTanh : kGelu;
+  auto out = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) act_row(op + r * n, xp + r * n, nullptr, n, act);
+  });
+  return out;
+}
 
 // x [T, 2I] contiguous = [gate | up] -> silu(gate) * up [T, I] (the gated MLP's activation).
 at::Tensor silu_and_mul(const at::Tensor& x) {
@@ -288,7 +371,7 @@ void gather_head_keys(const KRow& k_row, const VRow& v_row, int64_t key_base, in
 // the keys from key_base (kt tiles, v rows of d) -> out rows (stride os).
 void flash_task(const float* q, int64_t qs, const float* kt, const float* v, float* out,
                 int64_t os, int64_t start, int64_t q0, int64_t nq, int64_t key_base, int64_t d,
-                float scale, int64_t window, FlashScratch& w) {
+                float scale, int64_t window, const ScoreMods& mods, FlashScratch& w) {
   std::fill(w.out.begin(), w.out.end(), 0.f);
   std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<float>::infinity());
   std::fill(w.sum.begin(), w.sum.end(), 0.f);
@@ -304,13 +387,18 @@ void flash_task(const float* q, int64_t qs, const float* kt, const float* v, flo
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t t = first_pos + r, lo = window > 0 ? t - window + 1 : 0;
       float* s = w.scores.data() + r * kKeyBlock;
+      float row_scale = scale;
+      if (mods.active()) {  // scaled and modified now; the mask below overwrites what is hidden
+        apply_mods(s, kKeyBlock, scale, mods, k0 - t);
+        row_scale = 1.f;
+      }
       if (!all_visible) {
         for (int64_t j = 0; j < kKeyBlock; ++j) {
           const int64_t pos = k0 + j;
           if (pos > t || pos < lo || j >= nk) s[j] = -std::numeric_limits<float>::infinity();
         }
       }
-      const float correction = softmax_update(s, kKeyBlock, scale, w.max[r], w.sum[r]);
+      const float correction = softmax_update(s, kKeyBlock, row_scale, w.max[r], w.sum[r]);
       if (correction != 1.f) {
         float* o = w.out.data() + r * d;
         for (int64_t c = 0; c < d; ++c) o[c] *= correction;
@@ -328,10 +416,12 @@ void flash_task(const float* q, int64_t qs, const float* kt, const float* v, flo
 }
 
 // q [n, H, D] at positions start..start + n - 1 -> [n, H, D]; k_row(h, p) / v_row(h, p) give
-// KV head h's key / value at position p (every p < start + n the queries may see).
+// KV head h's key / value at position p (every p < start + n the queries may see); softcap and
+// slopes (null: no ALiBi) as in decode_attention.
 template <class KRow, class VRow>
 at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, double scale,
-                           int64_t window, const KRow& k_row, const VRow& v_row) {
+                           int64_t window, float softcap, const float* slopes, const KRow& k_row,
+                           const VRow& v_row) {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   TORCH_CHECK(kvh > 0 && heads % kvh == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(d % kTile == 0, "head_dim must be a multiple of 16");
@@ -364,9 +454,10 @@ at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, doub
     for (int64_t task = next_task++; task < num_tasks; task = next_task++) {
       const int64_t h = task % heads, block = blocks - 1 - task / heads;
       const int64_t q0 = block * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
+      const ScoreMods mods{softcap, slopes == nullptr ? 0.f : slopes[h]};
       flash_task(qp + h * q.stride(1), q.stride(0), ktp + (h / group) * key_blocks * d * kKeyBlock,
                  vcp + (h / group) * (key_end - key_base) * d, op + h * d, heads * d, start, q0,
-                 nq, key_base, d, sc, window, scratch);
+                 nq, key_base, d, sc, window, mods, scratch);
     }
   });
   return out;
@@ -376,7 +467,8 @@ at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, doub
 
 // A fresh prompt: q [T, H, D], k / v [T, KVH, D] (any row/head strides, last dim contiguous).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             double scale, int64_t window) {
+                             double scale, int64_t window, double softcap,
+                             const std::optional<at::Tensor>& alibi) {
   check_f32(q, "q");
   check_f32(k, "k");
   check_f32(v, "v");
@@ -386,7 +478,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const int64_t ks = k.stride(0), khs = k.stride(1), vs = v.stride(0), vhs = v.stride(1);
   return flash_attention(
-      q, k.size(1), 0, scale, window,
+      q, k.size(1), 0, scale, window, static_cast<float>(softcap), alibi_slopes(alibi, q.size(1)),
       [=](int64_t h, int64_t p) { return kp + p * ks + h * khs; },
       [=](int64_t h, int64_t p) { return vp + p * vs + h * vhs; });
 }
@@ -397,7 +489,8 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor prefill_attention_paged(const at::Tensor& q, const at::Tensor& k_cache,
                                    const at::Tensor& v_cache, const at::Tensor& block_table,
                                    int64_t start, int64_t block_size, double scale,
-                                   int64_t window) {
+                                   int64_t window, double softcap,
+                                   const std::optional<at::Tensor>& alibi) {
   check_f32(q, "q");
   check_f32(k_cache, "k_cache");
   check_f32(v_cache, "v_cache");
@@ -418,24 +511,39 @@ at::Tensor prefill_attention_paged(const at::Tensor& q, const at::Tensor& k_cach
   const float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
   auto slot = [=](int64_t p) { return table[p / block_size] * block_size + p % block_size; };
   return flash_attention(
-      q, k_cache.size(0), start, scale, window,
+      q, k_cache.size(0), start, scale, window, static_cast<float>(softcap),
+      alibi_slopes(alibi, q.size(1)),
       [=](int64_t h, int64_t p) { return kc + (h * num_slots + slot(p)) * d; },
       [=](int64_t h, int64_t p) { return vc + (h * num_slots + slot(p)) * d; });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
   m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension (fp32)");
   m.def("add_rms_norm_", &add_rms_norm_, "residual += x; RMSNorm(residual) (fp32)");
-  m.def("rotary_", &rotary_, "in-place rotate-half RoPE (fp32)");
+  m.def("layer_norm", &layer_norm, "LayerNorm over the last dimension (fp32)");
+  m.def("add_layer_norm_", &add_layer_norm_, "residual += x; LayerNorm(residual) (fp32)");
+  m.def("rotary_", &rotary_, "in-place RoPE, rotate-half or interleaved (fp32)", py::arg("x"),
+        py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false);
   m.def("store_kv", &store_kv, "write K/V rows into the head-major paged cache (fp32)");
-  m.def("decode_attention", &decode_attention, "one-token attention over the paged cache (fp32)");
+  m.def("decode_attention", &decode_attention, "one-token attention over the paged cache (fp32)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+        py::arg("first"), py::arg("seq_lens"), py::arg("block_size"), py::arg("scale"),
+        py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] row (fp32)");
+  m.def("gelu_and_mul", &gelu_and_mul, "gelu(gate) * up of a fused [gate | up] row (fp32)");
+  m.def("gelu", &gelu, "gelu(x), exact or tanh (fp32)");
   m.def("linear_packed", &linear_packed, "x @ W with W packed as column tiles [C, K, n] (fp32)",
         pybind11::arg("x"), pybind11::arg("wt"), pybind11::arg("bias") = pybind11::none());
   m.def("prefill_attention", &prefill_attention,
-        "causal (windowed) GQA attention of a fresh prompt, flash-style (fp32)");
+        "causal (windowed) GQA attention of a fresh prompt, flash-style (fp32)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window"),
+        py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   m.def("prefill_attention_paged", &prefill_attention_paged,
-        "causal (windowed) GQA attention of prefill rows over the paged cache (fp32)");
+        "causal (windowed) GQA attention of prefill rows over the paged cache (fp32)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_table"),
+        py::arg("start"), py::arg("block_size"), py::arg("scale"), py::arg("window"),
+        py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   register_decode_stack(m);
   register_quant(m);
 }
