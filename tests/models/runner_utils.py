@@ -18,16 +18,21 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-def engine_config(model_dir: Path, implementation: str = "auto", **cache) -> EngineConfig:
-    model = ModelConfig(model_id=str(model_dir), implementation=implementation)
+def engine_config(
+    model_dir: Path, implementation: str = "auto", quantize: str | None = None, **cache
+) -> EngineConfig:
+    model = ModelConfig(model_id=str(model_dir), implementation=implementation, quantize=quantize)
     return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
 def make_runner(
-    model_dir: Path, num_blocks: int = 128, implementation: str = "auto"
+    model_dir: Path,
+    num_blocks: int = 128,
+    implementation: str = "auto",
+    quantize: str | None = None,
 ) -> ModelRunner:
     """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
-    config = engine_config(model_dir, implementation)
+    config = engine_config(model_dir, implementation, quantize)
     runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
