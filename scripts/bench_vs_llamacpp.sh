@@ -5,7 +5,9 @@
 # http1: batch-1 decode streamed over HTTP (32-token prompts, 128 out, 8 measured requests);
 # http16: 16 concurrent clients (256-token prompts, 128 out, 48 measured requests);
 # engine: `pytgi bench --model-id FILE --workload decode1` beside `llama-bench -n 128` (tg128);
-# memory: each server's resident set after warm-up (in every mode: rss.tsv).
+# memory: each server's resident set after warm-up (in every mode: rss.tsv), with a KV cache of
+# 1024 tokens each (llama-server -c 1024, pytgi --num-blocks 64; in the other modes pytgi sizes
+# its cache from the free memory, as it serves).
 # Env: LLAMA_BIN (default /work/llama.cpp/build/bin), THREADS (2).
 set -euo pipefail
 mode=$1 out=$2; shift 2
@@ -38,11 +40,14 @@ start_server() {  # kind file -> sets SERVER_PID, URL
   if [ "$1" = llama ]; then
     local slots=1 ctx=4096
     [ "$mode" = http16 ] && slots=16 ctx=16384
+    [ "$mode" = memory ] && ctx=1024
     "$LLAMA_BIN/llama-server" -m "$2" --host 127.0.0.1 --port "$PORT" -t "$THREADS" -tb "$THREADS" \
       -np "$slots" -c "$ctx" >"$out/server-$1-$(basename "$2").log" 2>&1 &
   else
+    local kv=()
+    [ "$mode" = memory ] && kv=(--num-blocks 64 --block-size 16)
     python -m pytgi serve --model-id "$2" --hostname 127.0.0.1 --port "$PORT" \
-      --num-threads "$THREADS" >"$out/server-$1-$(basename "$2").log" 2>&1 &
+      --num-threads "$THREADS" "${kv[@]}" >"$out/server-$1-$(basename "$2").log" 2>&1 &
   fi
   SERVER_PID=$!
   wait_healthy "$URL" "$SERVER_PID"
