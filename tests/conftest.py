@@ -24,6 +24,20 @@ def pytgi_cache_dir(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture
+def hub_online(monkeypatch):
+    """The suite sets HF_HUB_OFFLINE, which makes huggingface_hub refuse every URL, a server on
+    loopback included: lifted for a test that talks to a local server with its clients."""
+    import huggingface_hub
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    reset_sessions()  # a cached session keeps its offline adapter
+    yield
+    monkeypatch.undo()
+    reset_sessions()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """`factory(arch="llama", **overrides) -> Path`: a cached tiny checkpoint directory per (arch,

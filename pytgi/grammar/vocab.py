@@ -8,6 +8,7 @@ engine start-up, never per request.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,14 @@ if TYPE_CHECKING:
 
 CHECKED_TOKENS = 2048  # tokens compared with the tokenizer's own decoding, spread over the vocab
 MAX_MISREAD_FRACTION = 0.01
+# transformers' GGUF converter writes this chain before a byte-level vocabulary's ByteLevel
+# decoder; on such tokens (byte-alphabet strings: no `<0xNN>` pieces, no "▁") every step is the
+# identity, but llguidance reads the chain as SentencePiece's and misreads every byte
+GGUF_NO_OP_STEPS = (
+    {"type": "ByteFallback"},
+    {"type": "Fuse"},
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+)
 
 
 class GrammarVocab:
@@ -49,8 +58,9 @@ class GrammarVocab:
         Raises ValueError when llguidance reads the tokens' bytes differently from the tokenizer
         (a decoder it does not understand): its masks would not match what the tokens say.
         """
-        vocab = cls(tokenizer.backend.to_str(), tokenizer.eos_token_ids, vocab_size)
-        vocab.check_token_bytes(tokenizer.backend)
+        tokenizer_json = byte_level_decoder(tokenizer.backend.to_str())
+        vocab = cls(tokenizer_json, tokenizer.eos_token_ids, vocab_size)
+        vocab.check_token_bytes(tokenizer.backend)  # the tokenizer's own decoder is the reference
         return vocab
 
     def check_token_bytes(self, backend: tokenizers.Tokenizer) -> None:
@@ -95,3 +105,19 @@ class GrammarVocab:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode_str(list(token_ids))
+
+
+def byte_level_decoder(tokenizer_json: str) -> str:
+    """`tokenizer_json` for llguidance: a decoder that is the GGUF converter's no-op steps then
+    ByteLevel becomes that ByteLevel alone (what the model's original tokenizer.json has); any
+    other decoder is left as it is. `check_token_bytes` still compares the result with the
+    tokenizer's real decoding."""
+    spec = json.loads(tokenizer_json)
+    decoder = spec.get("decoder") or {}
+    steps = decoder.get("decoders") if decoder.get("type") == "Sequence" else None
+    if not steps or steps[-1].get("type") != "ByteLevel":
+        return tokenizer_json
+    if any(step not in GGUF_NO_OP_STEPS for step in steps[:-1]):
+        return tokenizer_json
+    spec["decoder"] = steps[-1]
+    return json.dumps(spec)

@@ -17,14 +17,12 @@ import re
 import time
 
 import httpx
-import huggingface_hub
 import jsonschema
 import openai
 import pytest
 import text_generation
 from grammar.grammar_test_cases import INVALID, deep_schema
 from huggingface_hub import InferenceClient
-from huggingface_hub.utils import reset_sessions
 
 from e2e.server import ServerProcess
 
@@ -59,16 +57,6 @@ DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 PROMPTS = ["And God said unto Moses, ", "In the beginning God created", "The LORD is my shepherd"]
 BOUNDED_S = 10.0  # a bad grammar's answer comes within this (compile limits are milliseconds)
-
-
-@pytest.fixture
-def hub_online(monkeypatch):
-    """huggingface_hub refuses every URL in offline mode, local servers included."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    reset_sessions()
-    yield
-    monkeypatch.undo()
-    reset_sessions()
 
 
 def openai_client(url: str) -> openai.OpenAI:

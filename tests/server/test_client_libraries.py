@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 
-import huggingface_hub
 import openai
 import pytest
 import text_generation
 from huggingface_hub import InferenceClient
-from huggingface_hub.utils import reset_sessions
 from server.fakes import CACHE_INFO, FakeEngine
 from server.harness import MODEL_ID, SCRIPT, serve, server_config
 
@@ -41,17 +39,6 @@ def _app(tokenizer, text: str):
 def url(tokenizer):
     with serve(_app(tokenizer, SCRIPT)) as base_url:
         yield base_url
-
-
-@pytest.fixture
-def hub_online(monkeypatch):
-    """tests/conftest sets HF_HUB_OFFLINE, which makes huggingface_hub refuse every URL, even
-    127.0.0.1: lift it for the loopback server only."""
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    reset_sessions()
-    yield
-    monkeypatch.undo()
-    reset_sessions()
 
 
 @pytest.fixture(scope="module")

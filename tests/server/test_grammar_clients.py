@@ -10,13 +10,11 @@ import re
 from dataclasses import replace
 
 import httpx
-import huggingface_hub
 import jsonschema
 import openai
 import pytest
 import text_generation
 from huggingface_hub import InferenceClient
-from huggingface_hub.utils import reset_sessions
 from router.fake_engine import FakeEngine, constrained_script
 from server.fakes import CACHE_INFO
 from server.harness import MODEL_ID, serve, server_config
@@ -63,15 +61,6 @@ def url(tokenizer):
     app = create_app(infer, engine, config, cache, model_info={"model_id": MODEL_ID})
     with serve(app) as base_url:
         yield base_url
-
-
-@pytest.fixture
-def hub_online(monkeypatch):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    reset_sessions()
-    yield
-    monkeypatch.undo()
-    reset_sessions()
 
 
 def openai_client(url: str) -> openai.OpenAI:
