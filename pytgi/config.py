@@ -40,6 +40,9 @@ class ModelConfig:
     # "auto": the native implementation when pytgi has one, else the transformers fallback;
     # "transformers": the fallback even for a natively implemented architecture
     implementation: str = "auto"
+    # --model-gguf: the GGUF file inside the --model-id directory or hub repo (needed only when
+    # it holds several); None: --model-id's only GGUF file, if it is a GGUF model at all
+    gguf_file: str | None = None
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:

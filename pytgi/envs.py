@@ -39,6 +39,16 @@ def torch_extensions_dir() -> str | None:
     return get("TORCH_EXTENSIONS_DIR")
 
 
+def cache_dir() -> str:
+    """PYTGI_CACHE_DIR: where pytgi keeps files it derives from models (a GGUF file's config and
+    tokenizer); default $XDG_CACHE_HOME/pytgi, else ~/.cache/pytgi."""
+    explicit = get("PYTGI_CACHE_DIR")
+    if explicit is not None:
+        return explicit
+    base = get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pytgi")
+
+
 def compute_type() -> str | None:
     """TGI's `x-compute-type` override (the launcher's default is `{num_shard}-{device}`)."""
     return get("COMPUTE_TYPE")

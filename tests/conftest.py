@@ -14,6 +14,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def pytgi_cache_dir(tmp_path_factory) -> Path:
+    """pytgi's derived files (a GGUF model's config and tokenizer) go to a fresh directory per
+    session, inherited by the servers the tests start: nothing piles up in ~/.cache, and every
+    session exercises the writing path."""
+    path = tmp_path_factory.mktemp("pytgi-cache")
+    os.environ["PYTGI_CACHE_DIR"] = str(path)
+    return path
+
+
 @pytest.fixture
 def hub_online(monkeypatch):
     """The suite sets HF_HUB_OFFLINE, which makes huggingface_hub refuse every URL, a server on
@@ -63,6 +73,39 @@ def smollm2_gguf() -> Path:
         return download()
     except SmolLM2Unavailable as err:
         pytest.skip(f"SmolLM2 GGUF unavailable: {err}")
+
+
+@pytest.fixture(scope="session")
+def gguf_factory(tiny_model_factory, tmp_path_factory):
+    """`factory(arch, qtype_for=all_f32, **overrides) -> (gguf path, HF model dir)`; the GGUF
+    file is alone in its directory."""
+    from fixtures.gguf_files import all_f32, write_llama_gguf
+
+    built: dict[tuple, tuple[Path, Path]] = {}
+
+    def factory(arch: str = "llama", qtype_for=None, **overrides) -> tuple[Path, Path]:
+        qtype_for = qtype_for or all_f32
+        key = (arch, qtype_for, tuple(sorted(overrides.items())))
+        if key not in built:
+            model_dir = tiny_model_factory(arch, **overrides)
+            path = tmp_path_factory.mktemp(f"gguf-{arch}") / f"tiny-{arch}.gguf"
+            built[key] = (write_llama_gguf(model_dir, path, qtype_for), model_dir)
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(gguf_factory) -> tuple[Path, Path]:
+    return gguf_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def mixed_gguf(gguf_factory) -> tuple[Path, Path]:
+    """Every supported type in one tiny Llama (K-quants need 256-element rows)."""
+    from fixtures.gguf_files import mixed_types
+
+    return gguf_factory("llama", mixed_types, hidden_size=256, intermediate_size=512)
 
 
 @pytest.fixture(scope="session")

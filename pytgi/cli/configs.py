@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
+from pytgi.cli.flags import SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -46,7 +47,31 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         tokenizer_config_path=args.tokenizer_config_path,
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
+        gguf_file=getattr(args, "model_gguf", None),
     )
+
+
+def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
+    """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
+    engine that will not run on the CPU are refused before anything loads (the engine checks
+    again when it builds the model)."""
+    if quantize is None:
+        return
+    if quantize not in SERVED_QUANTIZE:
+        raise ConfigError(
+            f"--quantize {quantize} is not supported on CPU by pytgi "
+            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+        )
+    if platform != "cpu":
+        raise ConfigError(
+            f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would run on "
+            f"{platform} (PYTGI_DEVICE=cpu serves it)"
+        )
+    if dtype not in (None, "float32"):
+        raise ConfigError(
+            f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
+            f"use --dtype float32 (got {dtype})"
+        )
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -66,8 +91,7 @@ def num_shard(args: argparse.Namespace) -> int:
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
-    if args.quantize:
-        raise ConfigError(f"--quantize {args.quantize} is not supported yet by pytgi")
+    check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(

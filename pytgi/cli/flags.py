@@ -55,16 +55,32 @@ QUANTIZE = (
     "awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin",
     "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8",
 )  # fmt: skip
-SERVED_QUANTIZE: tuple[str, ...] = ()  # the QUANTIZE values this build runs; others are refused
+# the QUANTIZE values pytgi runs (on-the-fly quantisation of a full-precision checkpoint on the
+# CPU kernels; layers/quantization/registry.py); the others are refused at start-up
+SERVED_QUANTIZE = ("eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
 
 
 def _quantize_help() -> str:
-    served = ", ".join(SERVED_QUANTIZE) or "none yet"
-    return f"Weight quantization (TGI's values; this build serves: {served}; others are refused)"
+    return (
+        f"Quantize a full-precision checkpoint's weights at load time (TGI's values; pytgi runs "
+        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). GGUF models are served "
+        "in their own quantized types"
+    )
+
+
+QUANTIZE_FLAG = Flag("--quantize", _quantize_help(), choices=QUANTIZE)
 
 
 MODEL_FLAGS = [
-    Flag("--model-id", "Hub model id or local directory (default: the bundled demo model)"),
+    Flag(
+        "--model-id",
+        "Hub model id, local directory, or GGUF file (default: the bundled demo model)",
+    ),
+    Flag(
+        "--model-gguf",
+        "The GGUF file to serve inside the --model-id directory or hub repo (needed when it "
+        "holds several; a path inside it, or an absolute path)",
+    ),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
         "--dtype",
@@ -113,7 +129,7 @@ ENGINE_FLAGS = [
     Flag("--sharded", "Shard the model (true/false)", _bool),
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
-    Flag("--quantize", _quantize_help(), choices=QUANTIZE),
+    QUANTIZE_FLAG,
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
     Flag(
         "--cuda-graphs",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from functools import partial
 
-from pytgi.cli.flags import MODEL_FLAGS, Flag, add_flags
+from pytgi.cli.flags import MODEL_FLAGS, QUANTIZE_FLAG, Flag, add_flags
 
 GENERATE_FLAGS = [
     Flag("--max-new-tokens", "Tokens to generate", int, 64),
@@ -21,6 +21,7 @@ GENERATE_FLAGS = [
     Flag("--seed", "Sampling seed", int),
     Flag("--ignore-eos", "Do not stop at EOS", switch=True),
     Flag("--num-threads", "torch intra-op threads", int),
+    QUANTIZE_FLAG,
 ]
 
 
@@ -56,27 +57,30 @@ def run_generate(args: argparse.Namespace) -> int:
     from pytgi import envs
 
     envs.set_default_threading_env()
-    from pytgi.cli.configs import model_config
+    from pytgi.cli.configs import check_quantize, model_config
     from pytgi.cli.preflight import check_model_config, check_model_dir
     from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
+    from pytgi.models.resolve import resolve_model
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
-    from pytgi.utils.hub import resolve_model_dir
 
     try:
         params = sampling_params(args)
         model = model_config(args)
+        check_quantize(model.quantize, model.dtype)
         checks = {
             "implementation": model.implementation,
             "trust_remote_code": model.trust_remote_code,
         }
-        model_dir = resolve_model_dir(model, check_config=partial(check_model_config, **checks))
-        plan = check_model_dir(model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks)
+        model_dir = resolve_model(model, check_config=partial(check_model_config, **checks))
+        plan = check_model_dir(model_dir, allow_pickle_weights=model.allow_pickle_weights,
+                               quantize=model.quantize, **checks)  # fmt: skip
         print(f"[model: {plan.description}]", file=sys.stderr)
-        llm = LLM(model.model_id, dtype=model.dtype, revision=model.revision,
+        llm = LLM(str(model_dir), dtype=model.dtype, revision=model.revision,
                   num_threads=args.num_threads, implementation=model.implementation,
                   trust_remote_code=model.trust_remote_code,
-                  allow_pickle_weights=model.allow_pickle_weights)  # fmt: skip
+                  allow_pickle_weights=model.allow_pickle_weights,
+                  quantize=model.quantize)  # fmt: skip
     except PytgiError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

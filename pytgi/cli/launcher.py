@@ -51,9 +51,9 @@ def serve(args: argparse.Namespace) -> int:
 
 def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
+    from pytgi.models.resolve import resolve_model
     from pytgi.router.infer import Infer
     from pytgi.tokenizer.tokenizer import Tokenizer
-    from pytgi.utils.hub import resolve_model_dir
 
     model = configs.model_config(args)
     engine_cfg = configs.engine_config(args, model)
@@ -65,15 +65,17 @@ def start_engine_and_router(args: argparse.Namespace):
     )
     # config.json is checked before any weight is downloaded, the weight files once they are in
     check_config = partial(preflight.check_model_config, **checks)
-    model_dir = resolve_model_dir(model, check_config=check_config)
+    model_dir = resolve_model(model, check_config=check_config)
     logger.info(
         "Resolved %s to %s in %.2fs", model.model_id, model_dir, time.perf_counter() - start
     )
     plan = preflight.check_model_dir(
-        model_dir, allow_pickle_weights=model.allow_pickle_weights, **checks
-    )
+        model_dir, allow_pickle_weights=model.allow_pickle_weights, quantize=model.quantize,
+        **checks,
+    )  # fmt: skip
     logger.info("Serving %s", plan.description)
-    engine_cfg = replace(engine_cfg, model=replace(model, model_id=str(model_dir)))
+    resolved = replace(model, model_id=str(model_dir), gguf_file=None)
+    engine_cfg = replace(engine_cfg, model=resolved)
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
     engine = MultiprocEngineClient.start(engine_cfg, json_logs=args.json_output)
@@ -211,4 +213,6 @@ def _model_info(server_cfg, args: argparse.Namespace, plan, device: str) -> dict
         "compute_type": envs.compute_type() or f"{num_shard}-{device}",
         "model_architecture": plan.architecture,
         "model_implementation": plan.implementation,
+        "quantize": plan.quantize,
+        "weight_types": plan.weight_types,
     }

@@ -12,7 +12,8 @@ costs milliseconds, not a model load, and ends with one line naming the cause (`
 - the fallback's limits: one shard, no quantized checkpoint, text-only decoder models whose every
   layer is attention (no encoder-decoder, multimodal or recurrent/state-space configs);
 - the weight files exist (safetensors, every shard an index names; pickle weights only with
-  --allow-pickle-weights).
+  --allow-pickle-weights), or the model is a GGUF file (its prepared directory, see
+  models/gguf/prepared.py), which runs on the native implementation and is not re-quantized.
 
 What needs the model itself (a tensor missing from the files, a parameter the attention backend
 cannot honour, a transformers model whose attention bypasses the attention interface) is checked
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.models.gguf.prepared import describe_types, read_marker
 from pytgi.models.registry import NATIVE, TRANSFORMERS, resolve_architecture
 from pytgi.models.weights import find_weight_files
 
@@ -55,15 +57,22 @@ def bind_port(host: str, port: int) -> socket.socket:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """Which implementation serves the checkpoint."""
+    """Which implementation serves the checkpoint, and how its weights are quantized."""
 
     architecture: str
     implementation: str  # registry.NATIVE or registry.TRANSFORMERS
+    quantize: str | None = None  # a --quantize method, or "gguf"
+    weight_types: str | None = None  # a GGUF file's tensor types, e.g. "Q4_1 x210, F32 x61"
 
     @property
     def description(self) -> str:
         kind = "native" if self.implementation == NATIVE else "transformers fallback"
-        return f"{self.architecture} ({kind} implementation)"
+        text = f"{self.architecture} ({kind} implementation)"
+        if self.quantize == "gguf":
+            return f"{text}, GGUF weights {self.weight_types}"
+        if self.quantize is not None:
+            return f"{text}, weights quantized with {self.quantize}"
+        return text
 
 
 def check_model_dir(
@@ -73,16 +82,28 @@ def check_model_dir(
     trust_remote_code: bool = False,
     allow_pickle_weights: bool = False,
     num_shard: int = 1,
+    quantize: str | None = None,
 ) -> ModelPlan:
-    """The plan for serving `model_dir`; raises `ModelLoadError` with the cause."""
+    """The plan for serving `model_dir`; raises `ModelLoadError` (`ConfigError` for flags that
+    cannot go together) with the cause."""
     plan = check_model_config(
         model_dir,
         implementation=implementation,
         trust_remote_code=trust_remote_code,
         num_shard=num_shard,
     )
-    find_weight_files(Path(model_dir), allow_pickle_weights)
-    return plan
+    gguf = read_marker(model_dir)
+    if gguf is None:
+        find_weight_files(Path(model_dir), allow_pickle_weights)
+        return replace(plan, quantize=quantize)
+    if quantize is not None:
+        raise ConfigError(
+            f"--quantize {quantize} cannot re-quantize a GGUF model: its weights are served in "
+            "their own quantized types"
+        )
+    if plan.implementation != NATIVE:
+        raise ModelLoadError("GGUF models run on pytgi's native implementation only")
+    return replace(plan, quantize="gguf", weight_types=describe_types(gguf["tensor_types"]))
 
 
 def check_model_config(

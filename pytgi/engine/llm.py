@@ -4,6 +4,9 @@ thread.
 from pytgi import LLM, SamplingParams
 llm = LLM()  # the bundled demo model
 out = llm.generate(["And God said"], SamplingParams(do_sample=True, temperature=0.8, seed=1))
+
+LLM("model.gguf") serves a GGUF file; LLM(model_id, quantize="eetq") quantizes a full-precision
+checkpoint on the fly (TGI's --quantize values).
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ def engine_config(
     implementation: str = "auto",
     trust_remote_code: bool = False,
     allow_pickle_weights: bool = False,
+    quantize: str | None = None,
+    gguf_file: str | None = None,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
@@ -149,6 +154,8 @@ def engine_config(
             implementation=implementation,
             trust_remote_code=trust_remote_code,
             allow_pickle_weights=allow_pickle_weights,
+            quantize=quantize,
+            gguf_file=gguf_file,
         ),
         cache=CacheConfig(
             block_size=block_size,
@@ -169,7 +176,7 @@ def engine_config(
 
 
 def _load_tokenizer(model: ModelConfig):
+    from pytgi.models.resolve import resolve_model
     from pytgi.tokenizer.tokenizer import Tokenizer
-    from pytgi.utils.hub import resolve_model_dir
 
-    return Tokenizer.from_dir(resolve_model_dir(model), config_path=model.tokenizer_config_path)
+    return Tokenizer.from_dir(resolve_model(model), config_path=model.tokenizer_config_path)

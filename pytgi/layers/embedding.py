@@ -13,7 +13,9 @@ matrix is held once.
 
 A quantized head (the QuantConfig's `get_lm_head_method`, see layers/quantization/packed.py) packs
 this rank's vocabulary rows in its kernel layout as they load, never in fp32; a tied embedding
-then dequantises the rows it looks up.
+then dequantises the rows it looks up. An untied embedding can be quantized the same way
+(`get_embedding_method`: a GGUF file's quantized token_embd), looking its rows up in its own
+packed weight.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ VOCAB_BLOCK = 4096  # columns per block of the head without the kernels (best of
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, num_embeddings: int, embedding_dim: int, params_dtype=None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        params_dtype=None,
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
         self.tp = get_tp_info()
         self.num_embeddings = num_embeddings
@@ -45,6 +53,7 @@ class VocabParallelEmbedding(nn.Module):
         self.num_local = per_rank  # rows of this rank's (padded) part
         self.vocab_start = min(self.tp.rank * per_rank, num_embeddings)
         self.vocab_end = min(self.vocab_start + per_rank, num_embeddings)
+        self.kernels = current_build_context().kernels
         dtype = params_dtype or torch.get_default_dtype()
         self.weight = nn.Parameter(
             torch.empty(per_rank, embedding_dim, dtype=dtype), requires_grad=False
@@ -54,6 +63,16 @@ class VocabParallelEmbedding(nn.Module):
         # tied to a quantized head: local ids [T] -> dequantised rows [T, D] (a function, not the
         # module, which would make the module tree cyclic)
         self.row_lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # a quantized embedding (not tied): its rows packed in a quantized layout as they load
+        self.row_method = quant_config.get_embedding_method(self.kernels) if quant_config else None
+        if self.row_method is not None:
+            self._quantized_weight(self.row_method, dtype)
+
+    def _quantized_weight(self, method, dtype: torch.dtype) -> None:
+        """Replace the dense weight by `method`'s packed one (this rank's real rows only)."""
+        del self.weight
+        num_rows = self.vocab_end - self.vocab_start
+        method.create_weights(self, self.embedding_dim, [num_rows], dtype, self._load_rows)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         expected = (self.num_embeddings, self.embedding_dim)[: param.dim()]  # weight or bias
@@ -65,10 +84,27 @@ class VocabParallelEmbedding(nn.Module):
         param.data[:num_local].copy_(loaded[self.vocab_start : self.vocab_end])
         param.data[num_local:].zero_()
 
+    def _load_rows(self, param, loaded, shard_id=None) -> None:
+        """The quantized weight's loader: this rank's vocabulary rows of `loaded` (a tensor or a
+        QuantizedWeight) into the method's row collector."""
+        expected = (self.num_embeddings, self.embedding_dim)
+        if tuple(loaded.shape) != expected:
+            raise ModelLoadError(
+                f"checkpoint shape {tuple(loaded.shape)} does not match the expected {expected}"
+            )
+        num_rows = self.vocab_end - self.vocab_start
+        param.data.narrow(0, 0, num_rows).copy_(loaded.narrow(0, self.vocab_start, num_rows))
+
+    def process_weights_after_loading(self) -> None:
+        if self.row_method is not None:
+            self.row_method.process_weights_after_loading(self)
+
     def _rows(self, local_ids: torch.Tensor) -> torch.Tensor:
         """local_ids [T] -> [T, D] from the row-major weight or, once packed, the blocks."""
         if self.row_lookup is not None:
             return self.row_lookup(local_ids)
+        if self.row_method is not None:
+            return self.row_method.rows(self, local_ids)
         if self.blocks is None:
             return F.embedding(local_ids, self.weight)
         block = self.blocks.shape[-1]
@@ -97,7 +133,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     ):
         super().__init__(num_embeddings, embedding_dim, params_dtype)
         self.tied_embedding: VocabParallelEmbedding | None = None
-        self.kernels = current_build_context().kernels
         dtype = params_dtype or torch.get_default_dtype()
         self.bias = None  # [num_local], this rank's vocabulary range (zero past the vocabulary)
         self.bias_packed = None  # [C * width] once the weight is packed
@@ -106,18 +141,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             set_weight_attrs(self.bias, weight_loader=self.weight_loader)
         self.head_method = quant_config.get_lm_head_method(self.kernels) if quant_config else None
         if self.head_method is not None:  # this rank's real rows, packed as they load
-            del self.weight
-            num_rows = self.vocab_end - self.vocab_start
-            self.head_method.create_weights(self, embedding_dim, [num_rows], dtype, self._load_rows)
-
-    def _load_rows(self, param, loaded, shard_id=None) -> None:
-        expected = (self.num_embeddings, self.embedding_dim)
-        if tuple(loaded.shape) != expected:
-            raise ModelLoadError(
-                f"checkpoint shape {tuple(loaded.shape)} does not match the expected {expected}"
-            )
-        num_rows = self.vocab_end - self.vocab_start
-        param.data.narrow(0, 0, num_rows).copy_(loaded.narrow(0, self.vocab_start, num_rows))
+            self._quantized_weight(self.head_method, dtype)
 
     def tie(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding's matrix (tie_word_embeddings). Quantized: the checkpoint's

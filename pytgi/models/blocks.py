@@ -8,8 +8,8 @@ between pre- and post-norms).
 
 `DecoderStack` runs the layers in order, unless the step's forward context carries a decode-step
 accelerator's replacement for the whole stack (the model runner decides that per step). For the
-accelerator, each block hands over its tensors (`fused_decode_tensors`), or None when its weights
-are not in the plain packed layout (quantized, tensor-parallel, no kernels).
+accelerator, each block hands over its tensors (`fused_decode_tensors`), or None when a weight is in
+no layout the accelerator runs (tensor-parallel, no kernels, fp32-activation quantized formats).
 
 Rotary tables reach the layers as cos / sin [R, T, 1, rotary_dim]: R = 1, or 2 when sliding-window
 layers rotate with their own base (`DecoderSpec.rope_table`); rotary_dim = 0 without rotary.
@@ -32,7 +32,6 @@ from pytgi.layers.linear import (
 )
 from pytgi.layers.norm import LayerNorm, RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
-from pytgi.layers.quantization.unquantized import UnquantizedLinearMethod
 from pytgi.layers.rotary import ApplyRotary
 from pytgi.models.config import (
     ALIBI,
@@ -61,19 +60,12 @@ def _norm_tensors(norm: nn.Module, name: str) -> FusedTensors:
 
 
 def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
-    """A linear's packed fp32 tiles [C, K, 16] (and bias [C * 16]) as the fused kernel takes them;
-    None when the weight is not packed (quantized, not fp32, no kernels) or is sharded."""
-    packed = getattr(linear, "weight_packed", None)
-    if (
-        packed is None
-        or linear.tp.world_size != 1
-        or not isinstance(linear.quant_method, UnquantizedLinearMethod)
-    ):
+    """A linear's weight as the fused kernel takes it (packed fp32 tiles, or a quantized weight
+    in its kernel layout; see `LinearMethod.fused_decode_tensors`); None when its method cannot
+    run there (not fp32, no kernels, a format the stack lacks) or the weight is sharded."""
+    if linear.tp.world_size != 1:
         return None
-    tensors = {name: packed}
-    if linear.bias_packed is not None:
-        tensors[f"{name}_bias"] = linear.bias_packed
-    return tensors
+    return linear.quant_method.fused_decode_tensors(linear, name)
 
 
 class DecoderAttention(nn.Module):
@@ -299,7 +291,7 @@ class DecoderStack(nn.ModuleList):
         return hidden, residual
 
     def fused_decode_layers(self) -> list[tuple[str, dict[str, torch.Tensor]]] | None:
-        """(attention layer name, packed tensors) per layer, or None when a layer's weights are
-        not in the plain packed layout."""
+        """(attention layer name, tensors) per layer, or None when a layer's weights are in no
+        layout the fused stack runs."""
         layers = [(layer.self_attn.attn.layer_name, layer.fused_decode_tensors()) for layer in self]
         return None if any(tensors is None for _, tensors in layers) else layers

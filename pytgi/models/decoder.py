@@ -37,7 +37,9 @@ LLAMA_PACKED_MODULES = {
 class DecoderModel(nn.Module):
     def __init__(self, spec: DecoderSpec, quant_config: QuantConfig | None = None):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            spec.vocab_size, spec.hidden_size, quant_config=quant_config
+        )
         self.embed_positions = None
         if spec.position_encoding == LEARNED:
             self.embed_positions = VocabParallelEmbedding(

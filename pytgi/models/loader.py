@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from pytgi.config import ModelConfig
-from pytgi.errors import ModelLoadError
+from pytgi.errors import ConfigError, ModelLoadError
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
@@ -177,13 +177,64 @@ def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
     return resolve_quant_config(model_config.quantize, checkpoint, dtype)
 
 
+class _Checkpoint:
+    """The weights of a model directory: safetensors files, or the GGUF file a prepared
+    directory names (models/gguf/prepared.py), with the quant config its types imply."""
+
+    def __init__(self, model_config: ModelConfig, model_dir: Path):
+        from pytgi.models.gguf.prepared import gguf_source
+
+        self.model_config, self.model_dir = model_config, model_dir
+        self.gguf_path = gguf_source(model_dir)
+        self.gguf = None
+        self.files: list[Path] = []
+        if self.gguf_path is not None:
+            from pytgi.models.gguf.checkpoint import GGUFCheckpoint
+
+            self.gguf = GGUFCheckpoint(self.gguf_path)
+        else:
+            from pytgi.models.weights import list_weight_files
+
+            self.files = list_weight_files(model_dir, model_config.allow_pickle_weights)
+
+    def quant_config(self, hf_config, dtype: torch.dtype, model_class: type[CausalLM]):
+        if self.gguf is None:
+            return _quant_config(self.model_config, hf_config, dtype)
+        from pytgi.layers.quantization.gguf import GGUFQuantConfig
+        from pytgi.layers.quantization.registry import activation_policy, check_gguf_options
+
+        check_gguf_options(self.model_config.quantize, dtype)
+        types = self.gguf.hf_tensor_types()
+        return GGUFQuantConfig(types, model_class.packed_modules_mapping, activation_policy())
+
+    def names(self) -> list[str]:
+        if self.gguf is not None:
+            return list(self.gguf.hf_tensor_types())
+        from pytgi.models.weights import tensor_names
+
+        return tensor_names(self.files)
+
+    def tensors(self) -> Iterable[tuple[str, Any]]:
+        if self.gguf is not None:
+            return self.gguf.iter_weights()
+        from pytgi.models.weights import iter_files
+
+        return iter_files(self.files)
+
+    @property
+    def source(self) -> str:
+        return str(self.gguf_path or self.model_dir)
+
+    def close(self) -> None:
+        if self.gguf is not None:
+            self.gguf.close()
+
+
 def build_model(
     model_config: ModelConfig, model_dir: Path, context: BuildContext, device: torch.device
 ) -> tuple[CausalLM, ModelSpec]:
     """Instantiate the registered class for the checkpoint and load this rank's weights; every
     layer picks its implementation from `context` (the platform's decisions) while it is built."""
-    from pytgi.models.weights import iter_files, list_weight_files, tensor_names
-
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)
     architecture, entry = resolve_architecture(
         getattr(hf_config, "architectures", None),
@@ -193,14 +244,38 @@ def build_model(
     model_class = get_model_class(entry)
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
     dtype = context.dtype
-    quant_config = _quant_config(model_config, hf_config, dtype)
+    checkpoint = _Checkpoint(model_config, model_dir)
+    quant_config = checkpoint.quant_config(hf_config, dtype, model_class)
+    if quant_config is not None and context.platform_name != "cpu":
+        raise ConfigError(
+            f"{quant_config.name} weights run on pytgi's CPU kernels only, and this engine runs "
+            f"on {context.platform_name} (PYTGI_DEVICE=cpu serves them)"
+        )
     with _default_dtype(dtype), torch.device(device), build_context(context):
         model = model_class(spec, quant_config)
-    files = list_weight_files(model_dir, allow_pickle=model_config.allow_pickle_weights)
-    check_checkpoint_names(model, tensor_names(files))  # a missing tensor: refused before reading
-    load_weights(model, iter_files(files))
+    check_checkpoint_names(model, checkpoint.names())  # a missing tensor: refused before reading
+    load_weights(model, checkpoint.tensors())
+    checkpoint.close()
+    release_freed_memory()
+    quantized = f", {quant_config.name} weights" if quant_config is not None else ""
     logger.info(
-        "loaded %s (%s implementation, %s, %d layers) from %s",
-        architecture, entry.implementation, dtype, spec.num_layers, model_dir,
+        "loaded %s (%s implementation, %s%s, %d layers) from %s",
+        architecture, entry.implementation, dtype, quantized, spec.num_layers, checkpoint.source,
     )  # fmt: skip
     return model.eval(), spec
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed loading temporaries back to the OS (glibc's malloc_trim): without it
+    the resident set keeps ~40-140 MiB of them (docs/PERFORMANCE.md, "Resident memory")."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "malloc_trim"):  # glibc only
+        libc.malloc_trim(0)

@@ -23,7 +23,9 @@ Where we differ from TGI 3.3.6, and why (each choice keeps every client in ecosy
 - `/v1/completions` maps `eos_token` to `"stop"` in streams too (TGI streams send `eos_token`),
   returns choices sorted by `index`, and does not set `decoder_input_details` (no prefill
   logprobs are computed for a response that never shows them).
-- `/info` adds `pytgi_version`, `max_batch_total_tokens`, `max_top_n_tokens`, `kv_cache`, and
-  `model_architecture` / `model_implementation` (`native`, or `transformers` for the fallback).
+- `/info` adds `pytgi_version`, `max_batch_total_tokens`, `max_top_n_tokens`, `kv_cache`,
+  `model_architecture` / `model_implementation` (`native`, or `transformers` for the fallback),
+  and for quantized weights `quantize` (the `--quantize` method, or `gguf`) and `weight_types`
+  (a GGUF file's tensor types).
 - Not served: `/vertex` and the KServe routes (TGI feature builds).
 """

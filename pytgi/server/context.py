@@ -1,9 +1,10 @@
 """`ServerContext`: what every route needs, built once by `create_app` (in `app.state.ctx`).
 
 `model_info` (from the launcher) may carry: `model_id`, `model_sha`, `model_pipeline_tag`, `sha`,
-`docker_label`, `validation_workers`, `compute_type`, `model_architecture` and
-`model_implementation` ("native" or "transformers": which code serves the model; both are extra
-/info keys). Missing keys fall back to the configs.
+`docker_label`, `validation_workers`, `compute_type`, `model_architecture`,
+`model_implementation` ("native" or "transformers": which code serves the model), `quantize` (the
+`--quantize` method, or "gguf") and `weight_types` (a GGUF file's tensor types, e.g. "Q4_1 x210,
+F32 x61"); the last four are extra /info keys. Missing keys fall back to the configs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # the router is only called through these methods
 
 TGI_VERSION = "3.3.6-dev0"  # the TGI release whose API we serve (/info.version, OpenAPI)
 DEFAULT_VALIDATION_WORKERS = 2
-MODEL_KEYS = ("model_architecture", "model_implementation")  # extra /info keys, when known
+# extra /info keys, when known
+MODEL_KEYS = ("model_architecture", "model_implementation", "quantize", "weight_types")
 
 
 @dataclass

@@ -32,9 +32,9 @@ RANK_EXIT_WAIT_S = 2.0  # after a failed collective: time for a crashed peer's e
 
 
 def _model_dir(config: EngineConfig):
-    from pytgi.utils.hub import resolve_model_dir
+    from pytgi.models.resolve import resolve_model
 
-    return resolve_model_dir(config.model)
+    return resolve_model(config.model)
 
 
 class UniprocExecutor(Executor):

@@ -46,12 +46,23 @@ def test_generate_rejects_bad_sampling_flags(capsys):
         (["--validation-workers", "0"], "`validation_workers` must be > 0"),
         (["--max-batch-size", "0"], "`max_batch_size` must be > 0"),
         (["--sharded", "true", "--num-shard", "1"], "`sharded` is true but `num_shard` <= 1"),
-        (["--quantize", "gptq"], "--quantize gptq is not supported yet"),
+        (["--quantize", "gptq"], "--quantize gptq is not supported on CPU by pytgi (supported: "
+         "eetq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8)"),
+        (["--quantize", "eetq", "--dtype", "bfloat16"],
+         "--quantize eetq runs its kernels on float32 activations on CPU: use --dtype float32 "
+         "(got bfloat16)"),
     ],
 )  # fmt: skip
 def test_launcher_start_up_errors(flags, message, capsys):
     assert launcher_main(flags) == 1
     assert message in capsys.readouterr().err
+
+
+def test_quantize_is_refused_when_the_engine_would_run_on_cuda(capsys, monkeypatch):
+    monkeypatch.setenv("PYTGI_DEVICE", "cuda")
+    assert launcher_main(["--quantize", "eetq"]) == 1
+    assert ("--quantize eetq runs on pytgi's CPU kernels only, and the engine would run on cuda "
+            "(PYTGI_DEVICE=cpu serves it)") in capsys.readouterr().err  # fmt: skip
 
 
 def test_missing_model_directory_is_a_clear_error(capsys, tmp_path):
@@ -174,7 +185,7 @@ def test_help_shows_defaults_and_what_quantize_serves(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Tokens per KV block [default: 16] [env: BLOCK_SIZE]" in text
     assert "Concurrent requests before 429 [default: 128]" in text
-    assert "this build serves: none yet" in text
+    assert "pytgi runs eetq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8 on CPU" in text
 
 
 def test_env_flag_logs_the_runtime_environment():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -17,16 +18,21 @@ from pytgi.worker.model_runner import ModelRunner
 BLOCK_SIZE = 16
 
 
-def engine_config(model_dir: Path, implementation: str = "auto", **cache) -> EngineConfig:
-    model = ModelConfig(model_id=str(model_dir), implementation=implementation)
+def engine_config(
+    model_dir: Path, implementation: str = "auto", quantize: str | None = None, **cache
+) -> EngineConfig:
+    model = ModelConfig(model_id=str(model_dir), implementation=implementation, quantize=quantize)
     return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
 def make_runner(
-    model_dir: Path, num_blocks: int = 128, implementation: str = "auto"
+    model_dir: Path,
+    num_blocks: int = 128,
+    implementation: str = "auto",
+    quantize: str | None = None,
 ) -> ModelRunner:
     """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
-    config = engine_config(model_dir, implementation)
+    config = engine_config(model_dir, implementation, quantize)
     runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
@@ -104,3 +110,36 @@ def step(*requests: tuple[NewRequestData, ScheduledRequest]) -> SchedulerOutput:
     return SchedulerOutput(
         requests=[r for _, r in requests], new_requests=[new for new, _ in requests]
     )
+
+
+def load_runner(model_dir: Path, quantize: str | None = None, num_tokens: int = 1024):
+    """A ModelRunner of `model_dir` (a checkpoint or a GGUF model's prepared directory) quantized
+    with `quantize`, with KV blocks for one `num_tokens` sequence."""
+    config = EngineConfig(
+        model=ModelConfig(model_id=str(model_dir), quantize=quantize),
+        cache=CacheConfig(block_size=BLOCK_SIZE),
+    )
+    runner = ModelRunner(config, select_platform())
+    runner.load_model(model_dir)
+    runner.allocate_kv_cache(-(-num_tokens // BLOCK_SIZE))
+    return runner
+
+
+@torch.inference_mode()
+def teacher_forced_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
+    """Logits [T, V] of every position of `ids` (one prefill step, nothing sampled)."""
+    num_blocks = -(-len(ids) // BLOCK_SIZE)
+    new, request = scheduled("text", ids, 0, len(ids), list(range(num_blocks)))
+    out = step((new, request))
+    runner.states.update(out)
+    inputs, _ = runner.input_builder.build(out, runner.states)
+    hidden = runner._hidden(inputs)  # [T, hidden]
+    logits = runner.model.compute_logits(hidden).float()
+    runner.states.update(SchedulerOutput(requests=[], new_requests=[], freed_request_ids=["text"]))
+    return logits
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    """exp of the mean next-token cross entropy of `ids` under `logits` [T, V]."""
+    nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
+    return math.exp(nll.item())

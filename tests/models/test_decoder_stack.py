@@ -3,9 +3,10 @@ against the same model run layer by layer, for every architecture: decode steps 
 than one 6-row register block) at different lengths, past the sliding windows, with every block
 kind (sequential, parallel with one or two norms, sandwich), RMS and Layer norms, gated and plain
 MLPs, partial, interleaved and per-layer rotary, learned positions, ALiBi, soft-capping, biases,
-q/k norms and Granite's multipliers in play; and its allow-list, which refuses any spec feature it
-was not told about. Parity with transformers itself is test_parity.py's job (its decode steps run
-fused too)."""
+q/k norms and Granite's multipliers in play, with fp32 weights and with quantized ones (int8 and
+4-bit codes, multiplied with int8 activations as the layers do); and its allow-list, which
+refuses any spec feature it was not told about. Parity with transformers itself is
+test_parity.py's job (its decode steps run fused too)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,21 @@ from pytgi.backends.cpu.fused_decode import unsupported_features
 from pytgi.backends.cpu.kernels import load_cpu_kernels
 
 LENGTHS = (1, 3, 9, 16, 17, 25, 31, 40, 47)  # mistral's window is 24
+NATIVE_ARCHS = [a for a in ARCHS if a not in FALLBACK_ARCHS]  # the fallback has no fused stack
 
 
-@pytest.fixture(scope="module", params=[a for a in ARCHS if a not in FALLBACK_ARCHS])
-def runner(request, tiny_model_factory):  # the transformers fallback has no fused decode stack
+@pytest.fixture(scope="module", params=NATIVE_ARCHS)
+def runner(request, tiny_model_factory):
     assert load_cpu_kernels() is not None, "the CPU kernels failed to build"
     return make_runner(tiny_model_factory(request.param))
+
+
+@pytest.fixture(scope="module", params=NATIVE_ARCHS)
+def quantized_runner(request, tiny_model_factory):
+    """Every architecture with quantized linears: int8 per-channel codes (eetq) and, on every
+    other architecture, 4-bit NF4 table codes."""
+    method = "bitsandbytes-nf4" if NATIVE_ARCHS.index(request.param) % 2 else "eetq"
+    return make_runner(tiny_model_factory(request.param), quantize=method)
 
 
 def prefilled(runner) -> dict[str, tuple[list[int], list[int], int]]:
@@ -69,6 +79,25 @@ def counting_runs(runner, monkeypatch) -> list:
 
 
 def test_fused_decode_matches_layer_by_layer(runner, monkeypatch):
+    check_fused_matches_layer_by_layer(runner, monkeypatch)
+
+
+def test_fused_decode_with_quantized_linears_matches_layer_by_layer(quantized_runner, monkeypatch):
+    layers = quantized_runner.model.fused_decode_layers()
+    assert layers is not None and all(
+        any(key.endswith(".codes") for key in tensors) for _, tensors in layers
+    )  # every layer hands over quantized weights
+    check_fused_matches_layer_by_layer(quantized_runner, monkeypatch)
+    seqs = prefilled(quantized_runner)
+    outputs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outputs.append(quantized_runner.forward(decode_step(seqs)))
+    torch.set_num_threads(1)
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def check_fused_matches_layer_by_layer(runner, monkeypatch):
     torch.set_num_threads(2)
     seqs = prefilled(runner)
     accelerator = runner.accelerator

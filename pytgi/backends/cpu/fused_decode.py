@@ -2,11 +2,12 @@
 (csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph.
 
 The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
-layers' packed tensors (`CausalLM.fused_decode_layers`); the stack then checks the model's spec
-against what the kernel implements: every spec field must have a role, every size the kernel
-takes is one it reads, and every feature is either at its (Llama) default or listed in
-`SUPPORTED_FEATURES`. Anything else keeps the model on the layer-by-layer path, with a log line
-saying why.
+layers' tensors (`CausalLM.fused_decode_layers`: fp32 packed tiles, or quantized weights in their
+kernel layout, which the stack multiplies with int8 activations exactly as the layers do); the
+stack then checks the model's spec against what the kernel implements: every spec field must have
+a role, every size the kernel takes is one it reads, and every feature is either at its (Llama)
+default or listed in `SUPPORTED_FEATURES`. Anything else keeps the model on the layer-by-layer
+path, with a log line saying why.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ class FusedDecodeStack(DecodeAccelerator):
     def for_model(cls, model: torch.nn.Module, kernels) -> FusedDecodeStack | None:
         layers = model.fused_decode_layers()
         if layers is None:
-            logger.info("fused decode stack off: the model's weights are not packed fp32 tiles")
+            logger.info(
+                "fused decode stack off: a layer's weights are in no layout it runs (fp32 tiles, "
+                "or quantized codes with int8 activations)"
+            )
             return None
         spec = model.spec
         reasons = unsupported_features(spec)
@@ -122,7 +126,11 @@ class FusedDecodeStack(DecodeAccelerator):
             windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
             rope_tables=[spec.rope_table(i) for i in range(spec.num_layers)],
         )
-        logger.info("fused decode stack on (%d layers)", spec.num_layers)
+        quantized = sum(key.endswith(".codes") for _, tensors in layers for key in tensors)
+        logger.info(
+            "fused decode stack on (%d layers%s)", spec.num_layers,
+            f", {quantized} quantized linears on the {stack.isa} kernels" if quantized else "",
+        )  # fmt: skip
         return cls(stack, [name for name, _ in layers])
 
     def for_step(

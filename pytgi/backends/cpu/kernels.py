@@ -38,7 +38,7 @@ SOURCES = [
     CSRC / "quant_avx2_i8.cpp",
     CSRC / "quant_avx2_f32.cpp",
 ]
-HEADERS = [CSRC / "common.h", CSRC / "quant.h", CSRC / "quant_avx2.h"]
+HEADERS = [CSRC / "common.h", CSRC / "quant.h", CSRC / "quant_ops.h", CSRC / "quant_avx2.h"]
 MODULE_NAME = "pytgi_cpu_ops"
 _state: dict[str, ModuleType | None] = {}
 

@@ -37,7 +37,7 @@ class ModelFootprint:
     num_embedding_params: int
     num_head_params: int  # the LM head (the embedding matrix again when tied)
     tied: bool
-    dtype_bytes: int  # bytes per weight in the compute dtype
+    dtype_bytes: float  # bytes per weight in the compute dtype (a GGUF file: its mean, scales in)
 
     @property
     def num_matmul_params(self) -> int:
@@ -126,6 +126,11 @@ def measure_gpu_gemm_gflop_s(size: int, dtype: torch.dtype, repeats: int = 10) -
 
 
 def model_footprint(model_dir: Path, dtype: str) -> ModelFootprint:
+    from pytgi.models.gguf.prepared import gguf_source
+
+    gguf_file = gguf_source(model_dir)
+    if gguf_file is not None:
+        return _gguf_footprint(gguf_file)
     from safetensors import safe_open
 
     shapes: dict[str, int] = {}
@@ -144,6 +149,24 @@ def model_footprint(model_dir: Path, dtype: str) -> ModelFootprint:
         num_head_params=embedding if tied else head,
         tied=tied,
         dtype_bytes=DTYPE_BYTES[dtype],
+    )
+
+
+def _gguf_footprint(path: Path) -> ModelFootprint:
+    """A GGUF file's parameters and the bytes it stores per parameter (the weights a decode step
+    streams, in the file's own types)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(str(path)).tensors
+    embedding = sum(int(t.n_elements) for t in tensors if t.name == "token_embd.weight")
+    head = sum(int(t.n_elements) for t in tensors if t.name == "output.weight")
+    num_params = sum(int(t.n_elements) for t in tensors)
+    return ModelFootprint(
+        num_params=num_params,
+        num_embedding_params=embedding,
+        num_head_params=head or embedding,
+        tied=head == 0,
+        dtype_bytes=sum(int(t.n_bytes) for t in tensors) / num_params,
     )
 
 

@@ -254,10 +254,11 @@ def _check_capacity(options: BenchOptions, max_total_tokens: int) -> None:
 
 
 def _model_dir(model_id: str) -> Path:
+    """The checkpoint directory, or a GGUF file's prepared directory (models/gguf/prepared.py)."""
     from pytgi.config import ModelConfig
-    from pytgi.utils.hub import resolve_model_dir
+    from pytgi.models.resolve import resolve_model
 
-    return resolve_model_dir(ModelConfig(model_id=model_id))
+    return resolve_model(ModelConfig(model_id=model_id))
 
 
 def _log_stderr(line: str) -> None:

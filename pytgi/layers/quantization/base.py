@@ -42,6 +42,13 @@ class LinearMethod(ABC):
     ) -> torch.Tensor:
         """x [T, in_per_partition] -> [T, out_per_partition]."""
 
+    def fused_decode_tensors(self, layer: torch.nn.Module, name: str) -> dict | None:
+        """The loaded weight (and bias) as the fused CPU decode stack takes linear `name`
+        (backends/cpu/csrc/decode_stack.cpp: fp32 tiles `name`, or a quantized weight
+        `name.codes` / `.scales` / `.mins` / `.table` / `.layout`, and `name_bias`); None when
+        the stack cannot compute this layer exactly as `apply` does."""
+        return None
+
 
 class QuantConfig(ABC):
     """A quantization format: which `LinearMethod` each linear layer uses."""
@@ -55,6 +62,11 @@ class QuantConfig(ABC):
 
     def get_lm_head_method(self, kernels) -> LinearMethod | None:
         """The method of the LM head's vocabulary rows, or None to keep it in full precision."""
+        return None
+
+    def get_embedding_method(self, kernels) -> LinearMethod | None:
+        """The method holding an untied token embedding's rows (looked up dequantised), or None
+        to keep it in full precision."""
         return None
 
 

@@ -70,6 +70,11 @@ class Int8LinearMethod(_OnTheFly):
         columns = layer.quant_packed.columns(outliers)  # [out, C]
         return y.addmm_(x.index_select(1, outliers), columns.t())
 
+    def fused_decode_tensors(self, layer, name: str) -> dict | None:
+        if self.outlier_threshold > 0:  # the outlier columns' fp32 product runs here only
+            return None
+        return super().fused_decode_tensors(layer, name)
+
     def _int8(self, x: torch.Tensor) -> bool:
         return self.kernels is not None and self.policy.int8_acts(x.shape[0])
 

@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from pytgi.backends.cpu.quant_layout import FORMAT_NAMES, PackedQuantWeight
+from pytgi.backends.cpu.quant_layout import FORMAT_NAMES, FP8, PackedQuantWeight
 from pytgi.backends.cpu.quant_ops import quant_linear
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import LinearMethod, set_weight_attrs
@@ -147,6 +147,26 @@ class PackedLinearMethod(LinearMethod):
         x = x if x.stride(-1) == 1 else x.contiguous()  # [T, in]
         int8 = self.policy.int8_acts(x.shape[0]) and self.kernels is not None
         return quant_linear(x, layer.quant_packed, bias, self.kernels, int8)  # [T, out]
+
+    def fused_decode_tensors(self, layer, name: str) -> dict | None:
+        """The packed weight for the fused decode stack, which runs int8 activations at every row
+        count: only when this method does too (and the format has an int8 kernel)."""
+        packed = layer.quant_packed
+        if self.kernels is None or not self.policy.int8_acts(1) or packed.format == FP8:
+            return None
+        layout = (packed.format, packed.n, packed.k, packed.scale_block)
+        tensors = {
+            f"{name}.codes": packed.codes,
+            f"{name}.scales": packed.scales,
+            f"{name}.layout": torch.tensor(layout, dtype=torch.int64),
+        }
+        if packed.mins is not None:
+            tensors[f"{name}.mins"] = packed.mins
+        if packed.table is not None:
+            tensors[f"{name}.table"] = packed.table
+        if getattr(layer, "bias", None) is not None:
+            tensors[f"{name}_bias"] = layer.bias.data
+        return tensors
 
     def rows(self, layer, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the dequantised weight [T, K] (a tied embedding's lookup)."""

@@ -121,3 +121,18 @@ def resolve_quant_config(
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
     return quant_config_for(quantize)
+
+
+def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:
+    """What cannot run together with a GGUF checkpoint: re-quantizing it, or a compute dtype
+    other than the kernels' float32."""
+    if quantize is not None:
+        raise ConfigError(
+            f"--quantize {quantize} cannot re-quantize a GGUF model: its weights are served in "
+            "their own quantized types"
+        )
+    if dtype != torch.float32:
+        raise ConfigError(
+            "GGUF models run their kernels on float32 activations on CPU: use --dtype float32 "
+            f"(got {str(dtype).removeprefix('torch.')})"
+        )

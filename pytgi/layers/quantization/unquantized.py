@@ -80,6 +80,14 @@ class UnquantizedLinearMethod(LinearMethod):
         elif out_features >= in_features and weight.is_contiguous():
             weight.data = weight.data.t().contiguous().t()  # [out, in], strides (1, out)
 
+    def fused_decode_tensors(self, layer: torch.nn.Module, name: str) -> dict | None:
+        if layer.weight_packed is None:  # not fp32, or without the kernels
+            return None
+        tensors = {name: layer.weight_packed}  # [ceil(out/16), in, 16]
+        if layer.bias_packed is not None:
+            tensors[f"{name}_bias"] = layer.bias_packed
+        return tensors
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

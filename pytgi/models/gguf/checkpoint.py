@@ -58,6 +58,21 @@ class GGUFCheckpoint:
         """How many tensors of each GGML type the file holds, e.g. {"Q4_1": 210, "F32": 61}."""
         return dict(Counter(t.tensor_type.name for t in self.reader.tensors))
 
+    def hf_tensor_types(self) -> dict[str, str]:
+        """HF name -> GGML type name of every tensor `iter_weights` yields (no data is read)."""
+        names = llama_name_map(int(self.metadata.config["num_hidden_layers"]))
+        types = {}
+        for tensor in self.reader.tensors:
+            name = hf_name(names, tensor.name)
+            if name is not None:
+                types[name] = tensor.tensor_type.name
+        return types
+
+    def close(self) -> None:
+        """Drop the memory mapping (its pages leave the resident set); the checkpoint is unusable
+        afterwards."""
+        self.reader = None
+
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """`(HF name, tensor or QuantizedWeight)` per GGUF tensor, in file order, one at a time."""
         config = self.metadata.config

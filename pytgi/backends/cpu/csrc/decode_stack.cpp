@@ -3,15 +3,21 @@
 // and MLP biases, per-head q/k norms, rotary (rotate-half or interleaved, partial, one of several
 // tables per layer, or none), ALiBi, logit soft-capping, per-layer sliding windows, a gated or
 // plain MLP (SiLU, GELU, tanh-GELU), the residual multiplier, and the four ways a layer composes
-// attention and MLP (sequential, parallel with one or two norms, sandwiched by post-norms).
+// attention and MLP (sequential, parallel with one or two norms, sandwiched by post-norms). Each
+// linear layer is either fp32 packed tiles or a quantized weight (quant.h's layouts) run with
+// int8 activations: exactly the kernels of the layer-by-layer path (quant_linear).
 //
 // Why: run op by op, a batch-1 step of a 30-layer model is ~300 kernel calls. Each costs Python
 // and dispatch time, and each parallel op wakes the worker threads, which sleep between regions
 // under OMP_WAIT_POLICY=PASSIVE (docs/PERFORMANCE.md has the measurements).
 //
 // How: the step is a fixed list of phases, per layer: residual add + norm(s), qkv, q/k norm + RoPE
-// + KV store, attention, o_proj, the MLP's norm, gate_up (or up), activation, down. A phase is a
-// set of independent tasks: rows, 16-column weight tiles, or (row, KV head) pairs. Every thread
+// + KV store, attention, (the attention rows' int8 quantisation, when it could not run inside
+// attention), o_proj, the MLP's norm, gate_up (or up), activation, down. A phase is a set of
+// independent tasks: rows, 16-column weight tiles (two 8-column groups of a quantized weight), or
+// (row, KV head) pairs. A quantized linear's input rows are quantised to int8 by the row tasks
+// that produce them (the norms, the activation, and each (row, KV head) attention task for its
+// 32-aligned slice of the row). Every thread
 // of one parallel region runs the same program: it claims the phase's tasks from an atomic
 // counter, then waits until all of them are done, then goes on to the next phase. Nothing is
 // assigned in advance, so a thread that wakes late or is descheduled only leaves its unclaimed
@@ -24,11 +30,13 @@
 // phase adds it, and the last phase writes the last layer's branch to `out`, so (out, residual)
 // are what the op-by-op layers hand to the final norm(out + residual).
 #include "common.h"
+#include "quant_ops.h"
 
 #include <ATen/Parallel.h>
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -73,17 +81,66 @@ using TensorMap = std::unordered_map<std::string, at::Tensor>;
 // How layers compose attention and MLP (models/config.py BLOCKS, in that order).
 enum Block : int64_t { kSequential = 0, kParallel = 1, kParallelTwoNorms = 2, kSandwich = 3 };
 
-// One decoder layer's parameters, as the layers hold them after loading (packed tiles [C, K, 16],
-// biases [C * 16]); optional entries are null.
+// One linear layer of the stack: fp32 packed tiles [C, K, 16] with bias [C * 16] (tiles != null),
+// or a quantized weight (quant.h) multiplied with int8 activations, bias [N]; bias may be null.
+struct Linear {
+  const float* tiles = nullptr;
+  const float* bias = nullptr;
+  bool quantized = false;
+  quant::Matrix matrix{};
+};
+
+// One decoder layer's parameters, as the layers hold them after loading; optional entries are
+// null.
 struct Layer {
   Norm input_norm, mlp_norm, attn_out_norm, mlp_out_norm, q_norm, k_norm;
-  const float *qkv, *qkv_bias, *o, *o_bias, *up, *up_bias, *down, *down_bias;
+  Linear qkv, o, up, down;
   const float* alibi;  // [heads] or null
   int64_t window;      // a query at position p sees keys p - window < pos <= p; 0 = all keys
   int64_t rope_table;  // which of the step's rotary tables this layer rotates with
 };
 
-constexpr int kPhasesPerLayer = 9;
+// A linear input's rows quantised to int8 per 32-wide block (quant.h's Acts), [B, kblocks * 32]
+// codes and the per-block scale, sum and scaled sums, in one scratch tensor.
+struct QuantRows {
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+  int32_t* sum = nullptr;
+  float* scaled_sum = nullptr;
+  int64_t kblocks = 0;
+
+  static QuantRows allocate(int64_t rows, int64_t k, at::Tensor& storage) {
+    QuantRows r;
+    r.kblocks = (k + quant::kKBlock - 1) / quant::kKBlock;
+    const int64_t kb = r.kblocks;  // 4-byte words: q (8 per block), scale, sum, scaled sums
+    storage = at::empty({std::max<int64_t>(1, rows * kb * (8 + 2 + quant::kSums))}, at::kFloat);
+    float* base = storage.data_ptr<float>();
+    r.q = reinterpret_cast<int8_t*>(base);
+    r.scale = base + rows * kb * 8;
+    r.sum = reinterpret_cast<int32_t*>(r.scale + rows * kb);
+    r.scaled_sum = r.scale + 2 * rows * kb;
+    return r;
+  }
+
+  // Columns [c0, c0 + len) of row b of x (row stride xs): c0 and len multiples of 32, or the
+  // whole row (c0 = 0, len = k). Blocks are quantised independently, so slices agree with
+  // quantising the whole row at once.
+  void quantize(const quant::Kernels& kern, const float* x, int64_t xs, int64_t b, int64_t c0,
+                int64_t len) const {
+    const int64_t b0 = c0 / quant::kKBlock, nb = (len + quant::kKBlock - 1) / quant::kKBlock;
+    const int64_t block = b * kblocks + b0;
+    kern.quantize_rows(x + b * xs + c0, xs, 1, len, nb, q + block * quant::kKBlock, scale + block,
+                       sum + block, scaled_sum + block * quant::kSums);
+  }
+
+  quant::Acts rows_from(int64_t r0) const {
+    return {q + r0 * kblocks * quant::kKBlock, scale + r0 * kblocks, sum + r0 * kblocks,
+            scaled_sum + r0 * kblocks * quant::kSums, kblocks};
+  }
+};
+
+constexpr int kPhasesPerLayer = 10;
+constexpr int64_t kQuantRowChunk = 64;  // rows per pass over a task's codes, as quant_linear
 
 }  // namespace
 
@@ -98,7 +155,7 @@ class DecodeStack {
         inter_(intermediate), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
         multiplier_(static_cast<float>(residual_multiplier)), layer_norm_(layer_norm),
         block_(block), act_(activation), gated_(gated), interleaved_(rotary_interleaved),
-        softcap_(static_cast<float>(softcap)) {
+        softcap_(static_cast<float>(softcap)), kern_(&quant::select("auto")) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
     TORCH_CHECK(layers.size() == windows.size() && layers.size() == rope_tables.size() &&
                     !layers.empty(),
@@ -114,7 +171,18 @@ class DecodeStack {
       layers_.push_back(bind(layers[i], windows[i], rope_tables[i]));
       num_tables_ = std::max(num_tables_, rope_tables[i] + 1);
     }
+    const bool two_norms = block_ == kParallelTwoNorms;
+    for (const Layer& l : layers_) {
+      quant_normed_ |= l.qkv.quantized || (!two_norms && l.up.quantized);
+      quant_mlp_normed_ |= two_norms && l.up.quantized;
+      quant_attn_ |= l.o.quantized;
+      quant_act_ |= l.down.quantized;
+    }
+    attn_quant_in_task_ = heads / kv_heads * head_dim % quant::kKBlock == 0;
   }
+
+  // The kernel table the quantized layers run on (quant_ops.cpp's select("auto")).
+  std::string isa() const { return kern_->name; }
 
   // hidden [B, hidden] (the embeddings), cos / sin [R, B, rd] (R rotary tables, rd may be 0),
   // slots [B] (int64: where each row's new K/V goes), block_tables [B, W] and seq_lens [B]
@@ -148,6 +216,11 @@ class DecodeStack {
                 at::empty({rows, up_tiles_ * kTile}, f32),
                 at::empty({rows, inter_}, f32),
                 at::empty({rows, down_tiles_ * kTile}, f32)};
+    at::Tensor normed_q, mlp_q, attn_q, act_q;  // storage of the int8 rows a layer needs
+    if (quant_normed_) buf.normed_q = QuantRows::allocate(rows, hidden_, normed_q);
+    if (quant_mlp_normed_) buf.mlp_q = QuantRows::allocate(rows, hidden_, mlp_q);
+    if (quant_attn_) buf.attn_q = QuantRows::allocate(rows, heads_ * head_dim_, attn_q);
+    if (quant_act_) buf.act_q = QuantRows::allocate(rows, inter_, act_q);
     Step step{rows,
               cos.size(2),
               cos.size(1) * cos.size(2),
@@ -176,6 +249,9 @@ class DecodeStack {
  private:
   struct Buffers {  // [B, width] each; tile outputs are padded to a multiple of 16 columns
     at::Tensor normed, mlp_normed, qkv, attn, o, up, act, down;
+    // int8 copies of rows of normed (the qkv input, and the MLP's except with two norms),
+    // mlp_normed, attn and act, for the quantized layers that read them
+    QuantRows normed_q, mlp_q, attn_q, act_q;
   };
   struct Step {
     int64_t rows, rotary_dim, table_stride;  // table t, row b: cos + t * table_stride + b * rd
@@ -217,6 +293,41 @@ class DecodeStack {
     return n;
   }
 
+  // Linear `name` of a layer [n, k]: fp32 tiles `name` [tiles, k, 16] and bias `name_bias`
+  // [tiles * 16], or a quantized weight given as `name.codes`, `name.scales`, optional
+  // `name.mins` / `name.table` and `name.layout` (int64 [format, n, k, scale_block]), bias
+  // `name_bias` [n]; the bias is optional.
+  Linear bind_linear(const TensorMap& m, const std::string& name, int64_t n, int64_t k) {
+    Linear lin;
+    const int64_t tiles = tiles_for(n);
+    if (m.count(name)) {
+      lin.tiles = bind_tensor(m, name, {tiles, k, kTile}, true);
+      lin.bias = bind_tensor(m, name + "_bias", {tiles * kTile}, false);
+      return lin;
+    }
+    lin.bias = bind_tensor(m, name + "_bias", {n}, false);
+    auto tensor = [&](const std::string& key, bool required) -> std::optional<at::Tensor> {
+      auto it = m.find(name + "." + key);
+      TORCH_CHECK(it != m.end() || !required, "decode stack: missing ", name, " (or ", name,
+                  ".", key, ")");
+      if (it == m.end()) return std::nullopt;
+      kept_.push_back(it->second);
+      return it->second;
+    };
+    const at::Tensor layout = *tensor("layout", true);
+    TORCH_CHECK(layout.scalar_type() == at::kLong && layout.numel() == 4 && layout.is_contiguous(),
+                "decode stack: ", name, ".layout must be int64 [format, n, k, scale_block]");
+    const int64_t* f = layout.data_ptr<int64_t>();
+    TORCH_CHECK(f[1] == n && f[2] == k, "decode stack: ", name, " is [", f[1], ", ", f[2],
+                "], expected [", n, ", ", k, "]");
+    TORCH_CHECK(f[0] != quant::kFp8, "decode stack: ", name,
+                " is fp8, which runs with fp32 activations only");
+    lin.matrix = quant::make_matrix(*tensor("codes", true), *tensor("scales", true),
+                                    tensor("mins", false), tensor("table", false), f[0], n, k, f[3]);
+    lin.quantized = true;
+    return lin;
+  }
+
   Layer bind(const TensorMap& m, int64_t window, int64_t rope_table) {
     const int64_t d = head_dim_;
     Layer l{};
@@ -231,15 +342,10 @@ class DecodeStack {
     l.k_norm = bind_norm(m, "k_norm", d, false);
     TORCH_CHECK(!l.q_norm.weight == !l.k_norm.weight,
                 "decode stack: q_norm and k_norm come together");
-    l.qkv = bind_tensor(m, "qkv", {qkv_tiles_, hidden_, kTile}, true);
-    l.qkv_bias = bind_tensor(m, "qkv_bias", {qkv_tiles_ * kTile}, false);
-    l.o = bind_tensor(m, "o", {o_tiles_, heads_ * d, kTile}, true);
-    l.o_bias = bind_tensor(m, "o_bias", {o_tiles_ * kTile}, false);
-    const std::string up = gated_ ? "gate_up" : "up";
-    l.up = bind_tensor(m, up, {up_tiles_, hidden_, kTile}, true);
-    l.up_bias = bind_tensor(m, up + "_bias", {up_tiles_ * kTile}, false);
-    l.down = bind_tensor(m, "down", {down_tiles_, inter_, kTile}, true);
-    l.down_bias = bind_tensor(m, "down_bias", {down_tiles_ * kTile}, false);
+    l.qkv = bind_linear(m, "qkv", (heads_ + 2 * kv_heads_) * d, hidden_);
+    l.o = bind_linear(m, "o", hidden_, heads_ * d);
+    l.up = bind_linear(m, gated_ ? "gate_up" : "up", (gated_ ? 2 : 1) * inter_, hidden_);
+    l.down = bind_linear(m, "down", hidden_, inter_);
     l.alibi = bind_tensor(m, "alibi_slopes", {heads_}, false);
     TORCH_CHECK(window >= 0 && rope_table >= 0, "decode stack: negative window or table");
     l.window = window;
@@ -315,7 +421,7 @@ class DecodeStack {
   // residual[b] += branch (none for the first layer), then the attention's (and, with two
   // parallel norms, the MLP's) normed input.
   void pre_attention_row(const Layer& l, const Layer* prev, const Step& s, const Rows& r,
-                         int64_t b, std::vector<float>& branch) const {
+                         const Buffers& buf, int64_t b, std::vector<float>& branch) const {
     float* res = s.residual + b * hidden_;
     if (prev != nullptr) {
       branch_row(*prev, r, b, branch.data());
@@ -323,14 +429,19 @@ class DecodeStack {
       for (int64_t i = 0; i < hidden_; ++i) res[i] += branch[i];
     }
     norm_row(r.normed + b * hidden_, res, l.input_norm, hidden_, eps_, layer_norm_);
+    // a parallel block's MLP reads this norm too
+    if (l.qkv.quantized || (block_ == kParallel && l.up.quantized)) {
+      buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
+    }
     if (block_ == kParallelTwoNorms) {
       norm_row(r.mlp_normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
+      if (l.up.quantized) buf.mlp_q.quantize(*kern_, r.mlp_normed, hidden_, b, 0, hidden_);
     }
   }
 
   // After o_proj: sequential adds o * multiplier to the stream, a sandwich its post-normed o;
   // both then norm the stream for the MLP (parallel blocks have nothing to do here).
-  void pre_mlp_row(const Layer& l, const Step& s, const Rows& r, int64_t b,
+  void pre_mlp_row(const Layer& l, const Step& s, const Rows& r, const Buffers& buf, int64_t b,
                    std::vector<float>& branch) const {
     float* res = s.residual + b * hidden_;
     const float* o = r.o + b * r.o_w;
@@ -342,6 +453,7 @@ class DecodeStack {
 #pragma omp simd
     for (int64_t i = 0; i < hidden_; ++i) res[i] += branch[i];
     norm_row(r.normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
+    if (l.up.quantized) buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
   }
 
   void run_program(const Step& s, const Buffers& buf, PhaseCounter* counter) const {
@@ -362,43 +474,59 @@ class DecodeStack {
     std::vector<float> branch(hd);
     const bool mlp_after_o = block_ == kSequential || block_ == kSandwich;
     // the MLP reads the pre-MLP norm (sequential, sandwich), its own parallel norm, or the input's
-    const float* mlp_in = block_ == kParallelTwoNorms ? r.mlp_normed : r.normed;
+    const bool two_norms = block_ == kParallelTwoNorms;
+    const float* mlp_in = two_norms ? r.mlp_normed : r.normed;
+    const QuantRows& mlp_in_q = two_norms ? buf.mlp_q : buf.normed_q;
+    const int64_t group = heads_ / kv_heads_;
+    // Task t of a linear [n, k]: output columns [16 t, 16 t + 16) of every row, from x (fp32
+    // tiles) or its int8 copy xq (a quantized weight: 8-column groups 2 t and 2 t + 1).
+    auto linear = [&](const Linear& lin, const float* x, int64_t k, const QuantRows& xq, float* y,
+                      int64_t ys) {
+      return [&, x, k, y, ys](int64_t t) {
+        if (!lin.quantized) {
+          packed_tile(rows, x, k, lin.tiles + t * k * kTile, kTile, k, y + t * kTile, ys,
+                      lin.bias ? lin.bias + t * kTile : nullptr);
+          return;
+        }
+        const int64_t g0 = 2 * t, g1 = std::min(g0 + 2, (lin.matrix.n + 7) / quant::kGroup);
+        for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowChunk) {
+          const int64_t chunk = std::min(kQuantRowChunk, rows - r0);
+          kern_->gemm_i8(lin.matrix, xq.rows_from(r0), chunk, g0, g1, y + r0 * ys, ys, lin.bias);
+        }
+      };
+    };
 
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
       const Layer* prev = li == 0 ? nullptr : &layers_[li - 1];
       float *k_cache = s.k_caches[li], *v_cache = s.v_caches[li];
       PhaseCounter* c = counter + li * kPhasesPerLayer;
-      run_phase(c[0], rows, [&](int64_t b) { pre_attention_row(l, prev, s, r, b, branch); });
-      run_phase(c[1], qkv_tiles_, [&](int64_t t) {
-        packed_tile(rows, r.normed, hd, l.qkv + t * hd * kTile, kTile, hd, r.qkv + t * kTile,
-                    r.qkv_w, l.qkv_bias ? l.qkv_bias + t * kTile : nullptr);
-      });
+      const bool attn_q_in_task = l.o.quantized && attn_quant_in_task_;
+      run_phase(c[0], rows, [&](int64_t b) { pre_attention_row(l, prev, s, r, buf, b, branch); });
+      run_phase(c[1], qkv_tiles_, linear(l.qkv, r.normed, hd, buf.normed_q, r.qkv, r.qkv_w));
       run_phase(c[2], rows, [&](int64_t b) {
         rope_and_store(l, s, r.qkv + b * r.qkv_w, b, k_cache, v_cache);
       });
       run_phase(c[3], rows * kv_heads_, [&](int64_t task) {
-        const int64_t b = task / kv_heads_;
-        attend_group(l, s, r.qkv + b * r.qkv_w, b, task % kv_heads_, k_cache, v_cache, r.attn,
-                     scratch);
+        const int64_t b = task / kv_heads_, h = task % kv_heads_;
+        attend_group(l, s, r.qkv + b * r.qkv_w, b, h, k_cache, v_cache, r.attn, scratch);
+        if (attn_q_in_task) {
+          buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, h * group * d, group * d);
+        }
       });
-      run_phase(c[4], o_tiles_, [&](int64_t t) {
-        packed_tile(rows, r.attn, heads_ * d, l.o + t * heads_ * d * kTile, kTile, heads_ * d,
-                    r.o + t * kTile, r.o_w, l.o_bias ? l.o_bias + t * kTile : nullptr);
+      run_phase(c[4], l.o.quantized && !attn_q_in_task ? rows : 0, [&](int64_t b) {
+        buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, 0, heads_ * d);
       });
-      run_phase(c[5], mlp_after_o ? rows : 0, [&](int64_t b) { pre_mlp_row(l, s, r, b, branch); });
-      run_phase(c[6], up_tiles_, [&](int64_t t) {
-        packed_tile(rows, mlp_in, hd, l.up + t * hd * kTile, kTile, hd, r.up + t * kTile, r.up_w,
-                    l.up_bias ? l.up_bias + t * kTile : nullptr);
-      });
-      run_phase(c[7], rows, [&](int64_t b) {
+      run_phase(c[5], o_tiles_, linear(l.o, r.attn, heads_ * d, buf.attn_q, r.o, r.o_w));
+      run_phase(c[6], mlp_after_o ? rows : 0,
+                [&](int64_t b) { pre_mlp_row(l, s, r, buf, b, branch); });
+      run_phase(c[7], up_tiles_, linear(l.up, mlp_in, hd, mlp_in_q, r.up, r.up_w));
+      run_phase(c[8], rows, [&](int64_t b) {
         const float* x = r.up + b * r.up_w;
         act_row(r.act + b * inter_, x, gated_ ? x + inter_ : nullptr, inter_, act_);
+        if (l.down.quantized) buf.act_q.quantize(*kern_, r.act, inter_, b, 0, inter_);
       });
-      run_phase(c[8], down_tiles_, [&](int64_t t) {
-        packed_tile(rows, r.act, inter_, l.down + t * inter_ * kTile, kTile, inter_,
-                    r.down + t * kTile, r.down_w, l.down_bias ? l.down_bias + t * kTile : nullptr);
-      });
+      run_phase(c[9], down_tiles_, linear(l.down, r.act, inter_, buf.act_q, r.down, r.down_w));
     }
     run_phase(counter[layers_.size() * kPhasesPerLayer], rows, [&](int64_t b) {
       branch_row(layers_.back(), r, b, s.out + b * hd);
@@ -446,6 +574,10 @@ class DecodeStack {
   int64_t block_, act_;
   bool gated_, interleaved_;
   float softcap_;
+  const quant::Kernels* kern_;  // the quantized layers' kernel table, chosen once
+  // which int8 row copies some layer needs
+  bool quant_normed_ = false, quant_mlp_normed_ = false, quant_attn_ = false, quant_act_ = false;
+  bool attn_quant_in_task_ = false;  // a KV head's query heads span whole 32-wide blocks
   int64_t qkv_tiles_, o_tiles_, up_tiles_, down_tiles_;
   int64_t num_tables_ = 1;
   std::vector<Layer> layers_;
@@ -465,7 +597,8 @@ void register_decode_stack(pybind11::module& m) {
            py::arg("softcap"), py::arg("layers"), py::arg("windows"), py::arg("rope_tables"))
       .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
-           py::arg("k_caches"), py::arg("v_caches"), py::call_guard<py::gil_scoped_release>());
+           py::arg("k_caches"), py::arg("v_caches"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("isa", &DecodeStack::isa);
 }
 
 }  // namespace pytgi

@@ -8,7 +8,7 @@
 //   fp32 activations: each 16-column tile is dequantised into a thread's fp32 panel [K, 16] and
 //       the fp32 packed-tile GEMM (common.h) runs every row on it: exact weights, fp32 math.
 #include "common.h"
-#include "quant.h"
+#include "quant_ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -33,82 +33,6 @@ bool cpu_has_avx2() {
 #else
   return false;
 #endif
-}
-
-// The dispatch point: "auto" takes the best table this build and CPU have. An AVX-512 / VNNI or
-// Arm table goes before AVX2 here once it exists and has its tests.
-const Kernels& select(const std::string& isa) {
-  const Kernels* avx2 = cpu_has_avx2() ? avx2_kernels() : nullptr;
-  if (isa == "scalar") return scalar_kernels();
-  if (isa == "avx2") {
-    TORCH_CHECK(avx2 != nullptr, "the AVX2 quant kernels are not available on this build/CPU");
-    return *avx2;
-  }
-  TORCH_CHECK(isa == "auto", "unknown isa '", isa, "' (auto, avx2, scalar)");
-  return avx2 != nullptr ? *avx2 : scalar_kernels();
-}
-
-int64_t expected_scale_rows(int64_t scale_block, int64_t kblocks) {
-  switch (scale_block) {
-    case 16: return 2 * kblocks;
-    case 32: return kblocks;
-    case 64: return (kblocks + 1) / 2;
-    case 0: return 1;
-    default: TORCH_CHECK(false, "scale_block must be 16, 32, 64 or 0 (per column)");
-  }
-  return 0;
-}
-
-Matrix make_matrix(const at::Tensor& codes, const at::Tensor& scales,
-                   const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& table,
-                   int64_t format, int64_t n, int64_t k, int64_t scale_block) {
-  TORCH_CHECK(format >= kInt8 && format <= kFp8, "unknown quant format ", format);
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
-                  codes.size(2) == block_bytes(static_cast<int>(format)),
-              "codes must be contiguous uint8 [groups, kblocks, block bytes]");
-  const int64_t groups = codes.size(0), kblocks = codes.size(1);
-  TORCH_CHECK(n > 0 && k > 0 && groups % 2 == 0 && groups * kGroup >= n &&
-                  groups * kGroup - n < kPanelCols && kblocks * kKBlock >= k &&
-                  kblocks * kKBlock - k < kKBlock,
-              "codes [", groups, ", ", kblocks, "] do not fit a [", n, ", ", k, "] weight");
-  TORCH_CHECK(scale_block != 16 || format == kInt8 || format == kFp8,
-              "16-wide scale blocks need 8-bit codes");
-  const bool half = scales.scalar_type() == at::kHalf;
-  TORCH_CHECK((half || scales.scalar_type() == at::kFloat) && scales.is_contiguous() &&
-                  scales.dim() == 3 && scales.size(0) == groups &&
-                  scales.size(1) == expected_scale_rows(scale_block, kblocks) &&
-                  scales.size(2) == kGroup,
-              "scales must be contiguous float32/float16 [groups, scale rows, 8]");
-  Matrix w{};
-  w.format = static_cast<int>(format);
-  w.n = n;
-  w.k = k;
-  w.groups = groups;
-  w.kblocks = kblocks;
-  w.codes = codes.data_ptr<uint8_t>();
-  w.scales = scales.data_ptr();
-  w.half_scales = half;
-  w.scale_block = scale_block;
-  w.scale_rows = scales.size(1);
-  if (mins.has_value()) {
-    TORCH_CHECK(format == kInt8 || format == kInt4, "mins need int8 or int4 codes");
-    TORCH_CHECK(mins->sizes() == scales.sizes() && mins->scalar_type() == scales.scalar_type() &&
-                    mins->is_contiguous(),
-                "mins must match the scales");
-    w.mins = mins->data_ptr();
-  }
-  if (format == kLut4) {
-    TORCH_CHECK(table.has_value() && table->scalar_type() == at::kFloat && table->numel() == 16 &&
-                    table->is_contiguous(),
-                "4-bit table codes need a float32 table of 16 values");
-    const float* t = table->data_ptr<float>();
-    for (int i = 0; i < 16; ++i) {
-      TORCH_CHECK(std::fabs(t[i]) <= 1.f, "table values must lie in [-1, 1]");
-      w.table[i] = t[i];
-      w.table_i8[i] = static_cast<int8_t>(std::nearbyint(t[i] * 127.f));
-    }
-  }
-  return w;
 }
 
 const float* checked_bias(const std::optional<at::Tensor>& bias, int64_t n) {
@@ -186,6 +110,82 @@ void run_fp32_panels(const Kernels& kern, const Matrix& w, const at::Tensor& x, 
 }
 
 }  // namespace
+
+// The dispatch point: "auto" takes the best table this build and CPU have. An AVX-512 / VNNI or
+// Arm table goes before AVX2 here once it exists and has its tests.
+const Kernels& select(const std::string& isa) {
+  const Kernels* avx2 = cpu_has_avx2() ? avx2_kernels() : nullptr;
+  if (isa == "scalar") return scalar_kernels();
+  if (isa == "avx2") {
+    TORCH_CHECK(avx2 != nullptr, "the AVX2 quant kernels are not available on this build/CPU");
+    return *avx2;
+  }
+  TORCH_CHECK(isa == "auto", "unknown isa '", isa, "' (auto, avx2, scalar)");
+  return avx2 != nullptr ? *avx2 : scalar_kernels();
+}
+
+static int64_t expected_scale_rows(int64_t scale_block, int64_t kblocks) {
+  switch (scale_block) {
+    case 16: return 2 * kblocks;
+    case 32: return kblocks;
+    case 64: return (kblocks + 1) / 2;
+    case 0: return 1;
+    default: TORCH_CHECK(false, "scale_block must be 16, 32, 64 or 0 (per column)");
+  }
+  return 0;
+}
+
+Matrix make_matrix(const at::Tensor& codes, const at::Tensor& scales,
+                   const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& table,
+                   int64_t format, int64_t n, int64_t k, int64_t scale_block) {
+  TORCH_CHECK(format >= kInt8 && format <= kFp8, "unknown quant format ", format);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
+                  codes.size(2) == block_bytes(static_cast<int>(format)),
+              "codes must be contiguous uint8 [groups, kblocks, block bytes]");
+  const int64_t groups = codes.size(0), kblocks = codes.size(1);
+  TORCH_CHECK(n > 0 && k > 0 && groups % 2 == 0 && groups * kGroup >= n &&
+                  groups * kGroup - n < kPanelCols && kblocks * kKBlock >= k &&
+                  kblocks * kKBlock - k < kKBlock,
+              "codes [", groups, ", ", kblocks, "] do not fit a [", n, ", ", k, "] weight");
+  TORCH_CHECK(scale_block != 16 || format == kInt8 || format == kFp8,
+              "16-wide scale blocks need 8-bit codes");
+  const bool half = scales.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || scales.scalar_type() == at::kFloat) && scales.is_contiguous() &&
+                  scales.dim() == 3 && scales.size(0) == groups &&
+                  scales.size(1) == expected_scale_rows(scale_block, kblocks) &&
+                  scales.size(2) == kGroup,
+              "scales must be contiguous float32/float16 [groups, scale rows, 8]");
+  Matrix w{};
+  w.format = static_cast<int>(format);
+  w.n = n;
+  w.k = k;
+  w.groups = groups;
+  w.kblocks = kblocks;
+  w.codes = codes.data_ptr<uint8_t>();
+  w.scales = scales.data_ptr();
+  w.half_scales = half;
+  w.scale_block = scale_block;
+  w.scale_rows = scales.size(1);
+  if (mins.has_value()) {
+    TORCH_CHECK(format == kInt8 || format == kInt4, "mins need int8 or int4 codes");
+    TORCH_CHECK(mins->sizes() == scales.sizes() && mins->scalar_type() == scales.scalar_type() &&
+                    mins->is_contiguous(),
+                "mins must match the scales");
+    w.mins = mins->data_ptr();
+  }
+  if (format == kLut4) {
+    TORCH_CHECK(table.has_value() && table->scalar_type() == at::kFloat && table->numel() == 16 &&
+                    table->is_contiguous(),
+                "4-bit table codes need a float32 table of 16 values");
+    const float* t = table->data_ptr<float>();
+    for (int i = 0; i < 16; ++i) {
+      TORCH_CHECK(std::fabs(t[i]) <= 1.f, "table values must lie in [-1, 1]");
+      w.table[i] = t[i];
+      w.table_i8[i] = static_cast<int8_t>(std::nearbyint(t[i] * 127.f));
+    }
+  }
+  return w;
+}
 
 std::string quant_isa() { return select("auto").name; }
 

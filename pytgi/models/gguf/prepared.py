@@ -1,0 +1,103 @@
+"""A GGUF model as a model directory: its config.json, generation_config.json and tokenizer files,
+written once per GGUF file into pytgi's cache, plus a marker that names the file.
+
+Everything downstream (the launcher's checks, the API process's tokenizer and chat template, the
+engine) then reads that directory as it reads any checkpoint; only the loader looks at the
+marker (`gguf_source`) and reads the weights from the GGUF file itself.
+
+The files are written by a child process (`python -m pytgi.models.gguf.write_files`) because
+transformers' GGUF tokenizer converter imports torch, which the launcher's process (the HTTP
+server) never does. The directory is keyed by the file's resolved path, size and modification
+time, so an edited or replaced file gets fresh files, and a second start reuses them. Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pytgi import envs
+from pytgi.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# written last by write_files: {"gguf_file": absolute path, "size": bytes, "mtime_ns": int,
+# "architecture": general.architecture, "tensor_types": {"Q4_1": 210, ...}}
+MARKER = "pytgi_gguf.json"
+LAYOUT_VERSION = 1  # bump when write_files writes different files: old directories are not reused
+WRITE_TIMEOUT_S = 600
+
+
+def gguf_source(model_dir: str | Path) -> Path | None:
+    """The GGUF file a prepared model directory stands for; None for any other directory."""
+    marker = read_marker(model_dir)
+    if marker is None:
+        return None
+    path = Path(marker["gguf_file"])
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file `{path}` (named in `{model_dir}`) no longer exists")
+    return path
+
+
+def read_marker(model_dir: str | Path) -> dict | None:
+    """The marker of a prepared model directory (see MARKER), None for any other directory."""
+    marker = Path(model_dir) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        fields = json.loads(marker.read_text())
+        if not isinstance(fields["gguf_file"], str) or not isinstance(fields["tensor_types"], dict):
+            raise TypeError("gguf_file or tensor_types has the wrong type")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(f"Invalid GGUF marker `{marker}`: {err}") from err
+    return fields
+
+
+def describe_types(tensor_types: dict[str, int]) -> str:
+    """{"Q4_1": 210, "F32": 61} -> "Q4_1 x210, F32 x61" (most frequent first)."""
+    ordered = sorted(tensor_types.items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{name} x{count}" for name, count in ordered)
+
+
+def prepared_dir(gguf_file: Path) -> Path:
+    """The model directory of `gguf_file` in pytgi's cache, written now if it is not there."""
+    path = gguf_file.resolve()
+    stat = path.stat()
+    identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{LAYOUT_VERSION}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    directory = Path(envs.cache_dir()) / "gguf" / f"{path.stem}-{key}"
+    if (directory / MARKER).is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=directory.parent, prefix=".writing-") as tmp:
+        _write_files(path, Path(tmp))
+        try:
+            os.rename(tmp, directory)  # atomic: a reader sees all the files or none
+        except OSError:
+            if not (directory / MARKER).is_file():  # not a concurrent start that won the race
+                raise
+        os.makedirs(tmp, exist_ok=True)  # for TemporaryDirectory's cleanup
+    logger.info(
+        "Wrote the config and tokenizer of %s to %s (%.1fs)",
+        path.name, directory, time.perf_counter() - start,
+    )  # fmt: skip
+    return directory
+
+
+def _write_files(gguf_file: Path, out_dir: Path) -> None:
+    command = [sys.executable, "-m", "pytgi.models.gguf.write_files", str(gguf_file), str(out_dir)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=WRITE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as err:
+        raise ModelLoadError(f"Reading the metadata of `{gguf_file}` timed out") from err
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
+        raise ModelLoadError(lines[-1])
