@@ -7,11 +7,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Without a GPU the CUDA backend's Triton kernels run on CPU tensors in Triton's interpreter.
+# TRITON_INTERPRET is read when a kernel module is imported, and any test module (a layer test
+# importing pytgi.layers, say) may import one first: so it is set here, before any collection.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -91,7 +91,9 @@ def test_openai_chat_on_a_gguf_model(gguf_server):
     out = client.chat.completions.create(
         model="tgi", messages=[{"role": "user", "content": "Hi"}], max_tokens=5
     )
-    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 5
+    choice = out.choices[0]  # a random-weight model may pick its end-of-sequence token early
+    assert choice.message.role == "assistant" and 1 <= out.usage.completion_tokens <= 5
+    assert choice.finish_reason == ("length" if out.usage.completion_tokens == 5 else "stop")
 
 
 @pytest.fixture(scope="module")
