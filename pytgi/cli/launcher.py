@@ -138,6 +138,9 @@ async def run_http(app, server_cfg, engine, sock) -> int:
 
 
 _FLUSH_S = 2  # after the drain: time for uvicorn to finish responses before it cancels them
+# after the engine died: how long /health answers 503 (and open streams get their error event)
+# before the port closes, so that a probe polling every second sees the 503 and not only a refusal
+_DEAD_GRACE_S = 2
 
 
 class _DrainingServer:
@@ -170,6 +173,7 @@ async def _supervise(server, app, engine, drain_s: float) -> None:
         if not engine.is_alive:
             health.set("dead")
             logger.warning("The engine is gone: /health answers 503; shutting down")
+            await asyncio.sleep(_DEAD_GRACE_S)
             server.should_exit = True
             return
     if not await health.wait_idle(drain_s):
