@@ -41,8 +41,10 @@ def isas(ops):
 @pytest.fixture
 def vnni(ops):
     if "avx512_vnni" not in ops.quant_isas():
-        pytest.skip("this CPU lacks AVX-512 VNNI (avx512vnni + avx512vl + avx512bw) or the build "
-                    "compiled it out: only the AVX2 and scalar tables run here")
+        pytest.skip(
+            "this CPU lacks AVX-512 VNNI (avx512vnni + avx512vl + avx512bw) or the build "
+            "compiled it out: only the AVX2 and scalar tables run here"
+        )
     return "avx512_vnni"
 
 
