@@ -3,7 +3,9 @@
 // adds each lane's 4 products into an int32:
 //   MaddubsDot (AVX2, here): maddubs then madd with ones; 4-bit codes add 8 maddubs results in
 //       int16 before one madd per block (quant_avx2_i8.cpp);
-//   VnniDot (AVX-512 VNNI, quant_vnni_i8.cpp): vpdpbusd on ymm, one instruction.
+//   VnniDot (AVX-512 VNNI, quant_vnni_i8.cpp): vpdpbusd on ymm, one instruction; int8 codes with
+//       one scale per 32 run as the unsigned bytes w + 128 times x, less 128 x sum(x) per block
+//       (no abs / sign per row; int32 lanes never overflow: 32 x 255 x 127 per block).
 // Both compute the exact integer dot products: maddubs never saturates on these operands (code
 // bytes <= 128 after abs, 4-bit nibbles <= 15, activations in [-127, 127]: a pair is at most
 // 2 x 128 x 127 = 32512 < 2^15, and 8 pairs of nibble products 8 x 2 x 15 x 127 = 30480 < 2^15),
@@ -24,6 +26,8 @@ namespace {
 
 // AVX2: u8 x s8 -> int16 pairs (maddubs) -> int32 quads (madd with ones).
 struct MaddubsDot {
+  // dot() takes any unsigned bytes (int8 codes run as w + 128): false, maddubs would saturate
+  static constexpr bool kOffsetCodes = false;
   // acc + each lane's 4 products of u (unsigned bytes <= 128) and s (signed bytes, |s| <= 127)
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
@@ -68,18 +72,35 @@ void int8_pass(const GroupView& gv, const RowActs& a, __m256* out) {
     prefetch_ahead<R, 256>(blk);
     __m256i d0[R], d1[R];
     for (int r = 0; r < R; ++r) d0[r] = d1[r] = _mm256_setzero_si256();
+    if constexpr (Dot::kOffsetCodes && !SUB16) {
+      // (w + 128) as unsigned bytes times x: one instruction per quad and row, no per-row sign;
+      // the block's 128 x sum(x) comes off after the loop (exact integers either way)
 #pragma GCC unroll 8
-    for (int qd = 0; qd < 8; ++qd) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qd * 32));
-      const __m256i aw = _mm256_abs_epi8(wv);
-      for (int r = 0; r < R; ++r) {
-        const __m256i xs = _mm256_sign_epi8(quad(a.q[r], kb * kKBlock + qd * 4), wv);
-        if (SUB16 && qd >= 4) {
-          d1[r] = Dot::dot(d1[r], aw, xs);
-          keep(d1[r]);
-        } else {
-          d0[r] = Dot::dot(d0[r], aw, xs);
+      for (int qd = 0; qd < 8; ++qd) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qd * 32));
+        const __m256i uw = _mm256_xor_si256(wv, _mm256_set1_epi8(static_cast<char>(0x80)));
+        for (int r = 0; r < R; ++r) {
+          d0[r] = Dot::dot(d0[r], uw, quad(a.q[r], kb * kKBlock + qd * 4));
           keep(d0[r]);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        d0[r] = _mm256_sub_epi32(d0[r], _mm256_set1_epi32(128 * a.sum[r][kb]));
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int qd = 0; qd < 8; ++qd) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qd * 32));
+        const __m256i aw = _mm256_abs_epi8(wv);
+        for (int r = 0; r < R; ++r) {
+          const __m256i xs = _mm256_sign_epi8(quad(a.q[r], kb * kKBlock + qd * 4), wv);
+          if (SUB16 && qd >= 4) {
+            d1[r] = Dot::dot(d1[r], aw, xs);
+            keep(d1[r]);
+          } else {
+            d0[r] = Dot::dot(d0[r], aw, xs);
+            keep(d0[r]);
+          }
         }
       }
     }

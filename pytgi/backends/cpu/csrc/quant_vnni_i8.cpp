@@ -24,6 +24,7 @@ namespace {
 
 // AVX-512 VNNI: vpdpbusd adds each lane's 4 u8 x s8 products into its int32, exactly.
 struct VnniDot {
+  static constexpr bool kOffsetCodes = true;  // dot() is exact for any unsigned bytes
   static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
   // A 4-bit k-block's running sums: low and high nibbles in two int32 chains (twice the
   // independent vpdpbusd chains per row; their latency, not throughput, bounds a pass).
