@@ -132,6 +132,12 @@ def quant_activations() -> str:
     return (get("PYTGI_QUANT_ACTIVATIONS") or "int8").strip().lower()
 
 
+def quant_isa() -> str:
+    """PYTGI_QUANT_ISA: which compiled quantized-kernel table the layers run: auto (default, the
+    best this CPU has), avx512_vnni, avx2 or scalar; a table the CPU lacks fails at startup."""
+    return (get("PYTGI_QUANT_ISA") or "auto").strip().lower()
+
+
 def quantize_lm_head() -> bool:
     """PYTGI_QUANTIZE_LM_HEAD=1 quantizes the LM head (and serves a tied embedding from it) with
     the `--quantize` method too; by default it stays in full precision, as in TGI."""

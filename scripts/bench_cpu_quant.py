@@ -7,6 +7,8 @@ call), the speed-up over the fp32 packed GEMM, and at M = 1 the fraction of the 
 (GB/s / measured read bandwidth). Each format runs with int8 activations (`i8`) and fp32
 activations (`f32`). At M < 16 the weights rotate through >= --rotation-mb of copies so that
 every call streams them from DRAM, as a decode step does; larger M is compute-bound and uses two.
+`--isas avx2,avx512_vnni` times the int8-activation kernels of each named table (quant.h's
+dispatch; default: the one `auto` picks) in the same interleaved passes, labelled by table.
 
 Methods are measured interleaved (one pass of each per repeat) and the best pass is kept. With
 one thread the default clock is the thread's CPU time (`--clock cpu`), which a descheduled
@@ -100,9 +102,12 @@ def bench_shape(ops, name, n, k, rows, args, bandwidth, clock) -> None:
         cases = {"fp32 packed": (n * k * 4, _fp32_call(ops, x), [pack_column_tiles(base)] * count)}
         for label, packed in formats.items():
             copies = [_clone(packed) for _ in range(copies_for(packed.nbytes, m, args.rotation_mb))]
-            for int8_acts in (False,) if packed.format == FP8 else (True, False):
-                mode = "i8" if int8_acts else "f32"
-                cases[f"{label} {mode}"] = (packed.nbytes, _quant_call(ops, x, int8_acts), copies)
+            if packed.format != FP8:
+                for isa in args.isas:
+                    name_i8 = f"{label} i8" + (f" {isa}" if len(args.isas) > 1 else "")
+                    cases[name_i8] = (packed.nbytes, _quant_call(ops, x, True, isa), copies)
+            if not args.i8_only:
+                cases[f"{label} f32"] = (packed.nbytes, _quant_call(ops, x, False, "auto"), copies)
         if count > 2:  # distinct fp32 copies too, so that they stream from DRAM
             cases["fp32 packed"] = (
                 n * k * 4,
@@ -122,8 +127,8 @@ def _fp32_call(ops, x):
     return lambda w: ops.linear_packed(x, w, None)
 
 
-def _quant_call(ops, x, int8_acts):
-    return lambda w: ops.quant_linear(x, *w.kernel_args(), None, int8_acts)
+def _quant_call(ops, x, int8_acts, isa):
+    return lambda w: ops.quant_linear(x, *w.kernel_args(), None, int8_acts, isa=isa)
 
 
 def _clone(p: PackedQuantWeight) -> PackedQuantWeight:
@@ -142,8 +147,11 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default=None)
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated names")
+    parser.add_argument("--isas", default="auto", help="quant tables for i8, comma-separated")
+    parser.add_argument("--i8-only", action="store_true", help="skip the fp32-activation rows")
     args = parser.parse_args()
     args.formats = args.formats.split(",")
+    args.isas = args.isas.split(",")
     torch.set_num_threads(args.threads)
     clock_name = args.clock or ("cpu" if args.threads == 1 else "wall")
     if clock_name == "cpu" and args.threads != 1:

@@ -35,7 +35,17 @@ def ops():
 
 @pytest.fixture(scope="module")
 def isas(ops):
-    return ["scalar"] + (["avx2"] if ops.quant_isa() == "avx2" else [])
+    return ops.quant_isas()[::-1]  # scalar first: the reference the SIMD tables must equal
+
+
+@pytest.fixture
+def vnni(ops):
+    if "avx512_vnni" not in ops.quant_isas():
+        pytest.skip(
+            "this CPU lacks AVX-512 VNNI (avx512vnni + avx512vl + avx512bw) or the build "
+            "compiled it out: only the AVX2 and scalar tables run here"
+        )
+    return "avx512_vnni"
 
 
 def random_codes(fmt: int, n: int, k: int, g: torch.Generator) -> torch.Tensor:
@@ -144,6 +154,44 @@ def test_int8_activations_bit_exact_across_isas(ops, isas, case):
         expected = int8_acts_reference(x, w) + bias.double()
         scale = expected.abs().max()
         assert ((results[0].double() - expected).abs().max() / scale) < 2e-6
+
+
+@pytest.mark.parametrize("fmt", [INT8, INT4, LUT4])
+def test_vnni_equals_avx2_at_the_saturation_bounds(ops, vnni, fmt):
+    # The largest products the int8 passes ever form: every code at its extreme (int8 -128, whose
+    # |w| = 128 is maddubs' largest unsigned operand here; int4 15; the table's -1 -> -127) times
+    # activations quantised to +-127, over many blocks and every row-pass size. maddubs would
+    # saturate past 2^15 - 1 per int16 pair; vpdpbusd never does: equal results show the AVX2
+    # path stays exact at its bounds.
+    n, k = 24, 1024
+    code = {INT8: -128, INT4: 15, LUT4: 0}[fmt]  # nf4's code 0 is -1.0
+    w = random_weight(fmt, n, k, 32, table="nf4", seed=5)
+    w.codes.copy_(pack_codes(torch.full((n, k), code), fmt))
+    sign = torch.where(torch.arange(k) % 3 == 0, -1.0, 1.0)
+    for m in [1, 2, 3, 4, 16, 65]:
+        x = sign.repeat(m, 1) * torch.arange(1, m + 1).unsqueeze(1)  # |q| = 127 everywhere
+        y_vnni = ops.quant_linear(x, *w.kernel_args(), None, True, isa=vnni)
+        y_avx2 = ops.quant_linear(x, *w.kernel_args(), None, True, isa="avx2")
+        assert torch.equal(y_vnni, y_avx2), m
+        expected = int8_acts_reference(x, w)
+        assert ((y_vnni.double() - expected).abs().max() / expected.abs().max()) < 2e-6
+
+
+def test_vnni_is_what_auto_picks_and_can_be_forced(ops, vnni):
+    assert ops.quant_isa() == vnni and ops.quant_isas() == [vnni, "avx2", "scalar"]
+    w = random_weight(INT4, 40, 128, 32)
+    x = torch.randn(5, 128)
+    try:
+        for isa in ("avx2", "scalar", vnni):  # what the layers' "auto" runs, switched
+            ops.set_quant_isa(isa)
+            assert ops.quant_isa() == isa
+            y = ops.quant_linear(x, *w.kernel_args(), None, True)
+            assert torch.equal(y, ops.quant_linear(x, *w.kernel_args(), None, True, isa=isa))
+    finally:
+        ops.set_quant_isa("auto")
+    assert ops.quant_isa() == vnni
+    with pytest.raises(RuntimeError, match="unknown isa"):
+        ops.set_quant_isa("avx9000")
 
 
 def test_activation_quantisation_matches_torch(ops, isas):

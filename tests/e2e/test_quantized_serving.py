@@ -17,6 +17,7 @@ from openai import OpenAI
 from text_generation import Client
 
 from e2e.server import ServerProcess, free_port
+from pytgi.backends.cpu import kernels
 from pytgi.engine.llm import LLM
 
 PROMPTS = ["Hello world", "The quick brown fox", "1 2 3"]
@@ -94,6 +95,25 @@ def test_openai_chat_on_a_gguf_model(gguf_server):
     choice = out.choices[0]  # a random-weight model may pick its end-of-sequence token early
     assert choice.message.role == "assistant" and 1 <= out.usage.completion_tokens <= 5
     assert choice.finish_reason == ("length" if out.usage.completion_tokens == 5 else "stop")
+
+
+def test_a_forced_kernel_table_serves_the_same_tokens(gguf_dir, tmp_path, monkeypatch):
+    """PYTGI_QUANT_ISA=avx2 on a CPU whose best table is another (AVX-512 VNNI): the server
+    runs the AVX2 kernels, and its greedy tokens are the offline engine's on the best table (the
+    tables' int8-activation results are bit-identical)."""
+    module = kernels.load_cpu_kernels()
+    if module is None or module.quant_isas()[0] == "avx2" or "avx2" not in module.quant_isas():
+        pytest.skip("needs a CPU with AVX2 and a better table (AVX-512 VNNI) to switch between")
+    monkeypatch.setenv("PYTGI_QUANT_ISA", "avx2")
+    server = start(gguf_dir, "--model-gguf", "mixed.gguf", log_dir=tmp_path)
+    try:
+        assert "8 quantized linears on the avx2 kernels" in server.logs()
+        tokens = served_greedy(server)
+    finally:
+        server.stop()
+    monkeypatch.delenv("PYTGI_QUANT_ISA")
+    assert module.quant_isa() == module.quant_isas()[0]  # this process: the best table
+    assert tokens == offline_greedy(str(gguf_dir / "mixed.gguf"))
 
 
 @pytest.fixture(scope="module")

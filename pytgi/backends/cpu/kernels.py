@@ -37,8 +37,15 @@ SOURCES = [
     CSRC / "quant_scalar.cpp",
     CSRC / "quant_avx2_i8.cpp",
     CSRC / "quant_avx2_f32.cpp",
+    CSRC / "quant_vnni_i8.cpp",
 ]
-HEADERS = [CSRC / "common.h", CSRC / "quant.h", CSRC / "quant_ops.h", CSRC / "quant_avx2.h"]
+HEADERS = [
+    CSRC / "common.h",
+    CSRC / "quant.h",
+    CSRC / "quant_ops.h",
+    CSRC / "quant_avx2.h",
+    CSRC / "quant_i8_passes.h",
+]
 MODULE_NAME = "pytgi_cpu_ops"
 _state: dict[str, ModuleType | None] = {}
 
@@ -106,4 +113,6 @@ def load_cpu_kernels() -> ModuleType | None:
     except Exception as exc:  # no compiler or headers: the torch path still works
         logger.warning("CPU kernels unavailable, using the pure-torch path: %s", exc)
     _state["module"] = module
+    if module is not None:  # outside the try: an unknown or unavailable table is an error
+        module.set_quant_isa(envs.quant_isa())
     return module

@@ -1,6 +1,6 @@
 // pytgi's quantized linear kernels: the packed weight layouts, the int8 activation rows, and the
-// table of per-ISA kernels (one dispatch point: scalar C++ always, AVX2 where compiled and the
-// CPU has it; AVX-512 / VNNI / Arm tables plug in next to them in quant_ops.cpp's select()).
+// table of per-ISA kernels (one dispatch point, quant_ops.cpp's select(): scalar C++ always, AVX2
+// where compiled and the CPU has it, AVX-512 VNNI above that; Arm tables plug in next to them).
 //
 // Weight layout (built by pytgi/backends/cpu/quant_layout.py, which documents it for Python):
 // a logical [N, K] weight is cut into groups of 8 output columns (N padded with zero columns to a
@@ -100,6 +100,7 @@ struct Kernels {
 
 const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();  // null when this build has no AVX2 code
+const Kernels* vnni_kernels();  // AVX2 + vpdpbusd int8 passes; null when not compiled in
 
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;

@@ -111,17 +111,59 @@ void run_fp32_panels(const Kernels& kern, const Matrix& w, const at::Tensor& x, 
 
 }  // namespace
 
-// The dispatch point: "auto" takes the best table this build and CPU have. An AVX-512 / VNNI or
-// Arm table goes before AVX2 here once it exists and has its tests.
-const Kernels& select(const std::string& isa) {
-  const Kernels* avx2 = cpu_has_avx2() ? avx2_kernels() : nullptr;
-  if (isa == "scalar") return scalar_kernels();
-  if (isa == "avx2") {
-    TORCH_CHECK(avx2 != nullptr, "the AVX2 quant kernels are not available on this build/CPU");
-    return *avx2;
+namespace {
+
+bool cpu_has_vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
+}
+
+const Kernels* available(const std::string& isa) {
+  if (isa == "scalar") return &scalar_kernels();
+  if (isa == "avx2") return cpu_has_avx2() ? avx2_kernels() : nullptr;
+  if (isa == "avx512_vnni") return cpu_has_vnni() ? vnni_kernels() : nullptr;
+  TORCH_CHECK(false, "unknown isa '", isa, "' (auto, avx512_vnni, avx2, scalar)");
+  return nullptr;
+}
+
+// What "auto" means: the best table (empty), or one that set_quant_isa forced.
+std::string& auto_isa() {
+  static std::string isa;
+  return isa;
+}
+
+}  // namespace
+
+// Every table this build and CPU can run, best first.
+std::vector<std::string> available_isas() {
+  std::vector<std::string> out;
+  for (const char* isa : {"avx512_vnni", "avx2", "scalar"}) {
+    if (available(isa) != nullptr) out.emplace_back(isa);
   }
-  TORCH_CHECK(isa == "auto", "unknown isa '", isa, "' (auto, avx2, scalar)");
-  return avx2 != nullptr ? *avx2 : scalar_kernels();
+  return out;
+}
+
+// The dispatch point: "auto" takes the best table this build and CPU have (or the one
+// set_quant_isa forced); a named one must be available. Arm tables go here once they exist.
+const Kernels& select(const std::string& isa) {
+  if (isa == "auto") {
+    const std::string& forced = auto_isa();
+    return select(forced.empty() ? available_isas().front() : forced);
+  }
+  const Kernels* kern = available(isa);
+  TORCH_CHECK(kern != nullptr, "the ", isa, " quant kernels are not available on this build/CPU");
+  return *kern;
+}
+
+// Makes "auto" mean `isa` from now on ("auto" again: the best); checked like select(). For
+// benchmarks and tests that compare tables through the layers (PYTGI_QUANT_ISA, pytgi/envs.py).
+void set_quant_isa(const std::string& isa) {
+  if (isa != "auto") select(isa);
+  auto_isa() = isa == "auto" ? "" : isa;
 }
 
 static int64_t expected_scale_rows(int64_t scale_block, int64_t kblocks) {
@@ -261,6 +303,9 @@ at::Tensor quant_rows(const at::Tensor& ids, const at::Tensor& codes, const at::
 void register_quant(pybind11::module& m) {
   namespace py = pybind11;
   m.def("quant_isa", &quant::quant_isa, "the quant kernel table 'auto' picks on this CPU");
+  m.def("quant_isas", &quant::available_isas, "the quant kernel tables this build/CPU has");
+  m.def("set_quant_isa", &quant::set_quant_isa, "make 'auto' pick this table ('auto': the best)",
+        py::arg("isa"));
   m.def("quantize_activations", &quant::quantize_activations,
         "x [M, K] -> int8 per 32-wide block (q, scale, sum, scaled_sum)", py::arg("x"),
         py::arg("isa") = "auto");
