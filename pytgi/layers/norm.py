@@ -17,7 +17,23 @@ from torch import nn
 from pytgi.layers.custom_op import CustomOp
 
 
-class RMSNorm(CustomOp):
+class _ResidualNorm(CustomOp):
+    """A norm that can take the residual stream: norm(x), or (norm(residual + x), residual + x).
+    Subclasses define `_norm` (the reference); their kernels fuse the add the same way."""
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._norm(x)
+        x = residual + x
+        return self._norm(x), x
+
+
+class RMSNorm(_ResidualNorm):
     """weight * x / sqrt(mean(x^2) + eps). With `weight_offset` (Gemma: 1.0) the scale is
     offset + w: `process_weights_after_loading` folds the offset into an fp32 weight once, and the
     product is taken in fp32 before the cast (Gemma's order; Llama casts first)."""
@@ -44,14 +60,6 @@ class RMSNorm(CustomOp):
             return (normed * self.weight).to(x.dtype)
         return self.weight * normed.to(x.dtype)
 
-    def forward_native(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        x = residual + x
-        return self._norm(x), x
-
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):
             return self.forward_native(x, residual)
@@ -68,7 +76,7 @@ class RMSNorm(CustomOp):
         return self.kernels.add_rms_norm_(x, residual, self.weight, self.eps), residual
 
 
-class LayerNorm(CustomOp):
+class LayerNorm(_ResidualNorm):
     """(x - mean) / sqrt(var + eps) * weight (+ bias), over the last dimension."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True, params_dtype=None):
@@ -86,14 +94,6 @@ class LayerNorm(CustomOp):
             return F.layer_norm(x, shape, self.weight, self.bias, self.eps)
         bias = None if self.bias is None else self.bias.float()
         return F.layer_norm(x.float(), shape, self.weight.float(), bias, self.eps).to(x.dtype)
-
-    def forward_native(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        x = residual + x
-        return self._norm(x), x
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if not x.is_contiguous() or (residual is not None and not residual.is_contiguous()):

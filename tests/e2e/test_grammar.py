@@ -21,6 +21,7 @@ import jsonschema
 import openai
 import pytest
 import text_generation
+from fixtures.tools import CLOCK, WEATHER
 from grammar.grammar_test_cases import INVALID, deep_schema
 from huggingface_hub import InferenceClient
 
@@ -36,22 +37,6 @@ PERSON = {
     "required": ["name", "age", "tags"],
     "additionalProperties": False,
 }
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "location": {"type": "string", "maxLength": 16},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["location", "unit"],
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
 DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -10,6 +10,7 @@ import re
 
 import jsonschema
 import pytest
+from fixtures.tools import CLOCK, WEATHER
 from router.fake_engine import FakeEngine, constrained_script
 
 from pytgi.config import LimitsConfig
@@ -32,22 +33,6 @@ PERSON = {
     "required": ["name", "age"],
     "additionalProperties": False,
 }
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "location": {"type": "string", "maxLength": 16},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["location", "unit"],
-        },
-    },
-}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
 
 

@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 import text_generation
+from fixtures.tools import WEATHER
 from huggingface_hub import InferenceClient
 from router.fake_engine import FakeEngine, constrained_script
 from server.fakes import CACHE_INFO
@@ -31,21 +32,6 @@ PERSON = {
     },
     "required": ["name", "age"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "location": {"type": "string", "maxLength": 16},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["location", "unit"],
-        },
-    },
 }
 MESSAGES = [{"role": "user", "content": "Hi"}]
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
