@@ -53,6 +53,8 @@ _MODELS: dict[str, ModelEntry] = {
     "GPTJForCausalLM": ModelEntry("gptj", "GPTJForCausalLM"),
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
+    # vision-language models (models/multimodal.py)
+    "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLForConditionalGeneration"),
 }
 
 
