@@ -55,6 +55,9 @@ _MODELS: dict[str, ModelEntry] = {
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
     # vision-language models (models/multimodal.py)
     "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ModelEntry(
+        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
+    ),
 }
 
 
