@@ -77,6 +77,7 @@ def start_engine_and_router(args: argparse.Namespace):
     resolved = replace(model, model_id=str(model_dir), gguf_file=None)
     engine_cfg = replace(engine_cfg, model=resolved)
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
+    images = _image_pipeline(model_dir, tokenizer, configs.image_config(args))  # before the engine
     start = time.perf_counter()
     engine = MultiprocEngineClient.start(engine_cfg, json_logs=args.json_output)
     cache = engine.cache_info
@@ -90,7 +91,6 @@ def start_engine_and_router(args: argparse.Namespace):
         engine.close()
         raise
     server_cfg = configs.server_config(args, limits, model.model_id, _model_sha(model_dir))
-    images = _image_pipeline(model_dir, tokenizer, configs.image_config(args))
     infer = Infer(
         engine,
         tokenizer,

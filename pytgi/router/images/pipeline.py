@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytgi.engine.request import MultimodalInput
+from pytgi.errors import ModelLoadError
 from pytgi.router.errors import input_error
 from pytgi.router.images.config import ImageConfig
 from pytgi.router.images.decode import decode_image
@@ -75,7 +76,10 @@ class ImagePipeline:
         """The pipeline of a vision-language checkpoint; None for a text model."""
         from transformers import AutoConfig
 
-        hf_config = AutoConfig.from_pretrained(str(model_dir))
+        try:
+            hf_config = AutoConfig.from_pretrained(str(model_dir))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot read the config of {model_dir}: {exc}") from exc
         processor = load_processor(model_dir, hf_config, token_to_id)
         return None if processor is None else cls(processor, config)
 
