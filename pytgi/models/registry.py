@@ -58,6 +58,7 @@ _MODELS: dict[str, ModelEntry] = {
     "Qwen2_5_VLForConditionalGeneration": ModelEntry(
         "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
     ),
+    "Idefics3ForConditionalGeneration": ModelEntry("idefics3", "Idefics3ForConditionalGeneration"),
 }
 
 

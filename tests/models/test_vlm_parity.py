@@ -1,4 +1,4 @@
-"""Vision-language families (Qwen2-VL, Qwen2.5-VL) through the whole engine against
+"""Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3) through the whole engine against
 transformers' eager greedy generate on the same processor outputs: one image, several images of
 different sizes and text-only prompts in one batch, with chunked prefill splitting images across
 steps; prefix hits keyed by image content; preemption and recompute without running the vision
@@ -54,7 +54,7 @@ def runner(llm):
     return llm.core.executor.worker.runner
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3"])
 def test_mixed_batch_with_chunked_prefill(family, family_setup):
     model_dir, hf, prompts = family_setup(family)
     batch = [
@@ -67,7 +67,8 @@ def test_mixed_batch_with_chunked_prefill(family, family_setup):
     llm = LLM(str(model_dir), block_size=4, num_blocks=256, max_batch_prefill_tokens=16)
     try:
         check(llm, hf, batch)
-        assert runner(llm).multimodal.cache.num_encoded == 5  # each image once
+        # each image (Idefics 3: each of its tiles) once
+        assert runner(llm).multimodal.cache.num_encoded == sum(len(p[1]) for p in batch)
     finally:
         llm.close()
 

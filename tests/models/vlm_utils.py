@@ -46,6 +46,8 @@ def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[flo
     if images:
         for name in images[0].features:
             kwargs[name] = torch.from_numpy(np.concatenate([i.features[name] for i in images]))
+        if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
+            kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
     out = hf.generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),

@@ -33,7 +33,7 @@ class ProcessedImage:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.output.features.values())
+        return self.output.nbytes
 
 
 class ProcessedImageCache:
@@ -130,18 +130,25 @@ class ImagePipeline:
             raise input_error(f"invalid image: {exc}") from exc
 
     def place(self, ids: list[int], images: list[ProcessedImage]) -> tuple[MultimodalInput, ...]:
-        """Each image at its run of placeholder tokens in `ids`, in order; a placeholder token
-        typed into the text (or a run cut by truncation) makes the counts disagree: a 422."""
+        """Each image's runs at the runs of placeholder tokens in `ids`, in order; a placeholder
+        token typed into the text (or a run cut by truncation) makes the counts disagree: a 422.
+        A run's content hash is its image's, with the run's index when the image has several."""
         runs = _runs(ids, self.placeholder_id)
-        expected = [image.output.num_tokens for image in images]
+        expected = [n for image in images for n in image.output.run_lengths]
         if [length for _, length in runs] != expected:
             raise input_error(
                 "invalid image content: the prompt's image placeholder tokens do not match its "
                 "images (placeholder tokens in the text, or an image cut by truncation)"
             )
+        keyed = [
+            (image.content_hash if len(image.output.runs) == 1 else f"{image.content_hash}#{i}",
+             features)
+            for image in images
+            for i, features in enumerate(image.output.runs)
+        ]  # fmt: skip
         return tuple(
-            MultimodalInput("image", start, length, image.content_hash, image.output.features)
-            for (start, length), image in zip(runs, images, strict=True)
+            MultimodalInput("image", start, length, key, features)
+            for (start, length), (key, features) in zip(runs, keyed, strict=True)
         )
 
 

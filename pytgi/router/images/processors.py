@@ -21,9 +21,21 @@ from pytgi.errors import ModelLoadError
 
 @dataclass(frozen=True)
 class ProcessorOutput:
-    features: dict[str, np.ndarray]  # the image processor's outputs for one image
-    num_tokens: int  # placeholder tokens this image takes in the prompt
+    """One image, processed: its placeholder text, and per run of placeholder tokens in that
+    text (the whole image, or one tile of an image split into tiles) the run's length and the
+    arrays its embeddings are computed from."""
+
+    runs: list[dict[str, np.ndarray]]  # the image processor's outputs for each run
+    run_lengths: list[int]  # placeholder tokens of each run
     prompt_text: str  # what the image's markdown becomes in the prompt
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.run_lengths)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for run in self.runs for a in run.values())
 
 
 class FamilyProcessor:
@@ -63,13 +75,54 @@ class Qwen2VLProcessing(FamilyProcessor):
             "image_grid_thw": grid,
         }
         text = "<|vision_start|>" + self.image_token * num_tokens + "<|vision_end|>"
-        return ProcessorOutput(features, num_tokens, text)
+        return ProcessorOutput([features], [num_tokens], text)
+
+
+class Idefics3Processing(FamilyProcessor):
+    """Idefics 3 (SmolVLM): the image is resized and split into tiles of the tower's size plus a
+    global view, each tile `image_seq_len` <image> tokens after the pixel shuffle, framed by
+    <fake_token_around_image>, <row_i_col_j> and <global-img> markers (the processor's own
+    prompt builder). Each tile is its own run."""
+
+    image_token = "<image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        vision = hf_config.vision_config
+        side = vision.image_size // vision.patch_size
+        self.image_seq_len = side * side // (hf_config.scale_factor**2)
+
+    def process(self, image) -> ProcessorOutput:
+        from transformers.models.idefics3.processing_idefics3 import get_image_prompt_string
+
+        out = self.image_processor(
+            images=[[image]],
+            return_tensors="np",
+            input_data_format="channels_last",
+            return_row_col_info=True,
+        )
+        tiles = np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32)  # [n, 3, H, W]
+        rows, cols = _first(out.get("rows", 0)), _first(out.get("cols", 0))
+        text = get_image_prompt_string(
+            rows, cols, self.image_seq_len, "<fake_token_around_image>", self.image_token,
+            "<global-img>",
+        )  # fmt: skip
+        runs = [{"pixel_values": tiles[i : i + 1]} for i in range(tiles.shape[0])]
+        return ProcessorOutput(runs, [self.image_seq_len] * len(runs), text)
+
+
+def _first(value) -> int:
+    """rows / cols come as [[n]] for one image (0: not split)."""
+    while isinstance(value, list | tuple | np.ndarray):
+        value = value[0]
+    return int(value)
 
 
 # model_type -> its processing (read from config.json by the launcher: no torch for text models)
 PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "qwen2_vl": Qwen2VLProcessing,
     "qwen2_5_vl": Qwen2VLProcessing,
+    "idefics3": Idefics3Processing,
 }
 
 

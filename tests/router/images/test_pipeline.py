@@ -68,6 +68,35 @@ def test_prompt_equals_the_transformers_processor(vlm_dir, tokenizer):
     assert placed[0].content_hash != placed[1].content_hash
 
 
+def test_idefics3_prompt_equals_the_transformers_processor(tiny_vlm_factory):
+    """Idefics 3 splits each image into tiles + a global view: the same prompt and tiles as
+    Idefics3Processor, one run (MultimodalInput) per tile."""
+    from transformers import AutoImageProcessor, AutoTokenizer, Idefics3Processor
+
+    from pytgi.router.images.decode import decode_image
+
+    model_dir = tiny_vlm_factory("idefics3")
+    tokenizer = Tokenizer.from_dir(model_dir)
+    pipeline = make_pipeline(model_dir, tokenizer)
+    images = [png_bytes(112, 80, seed=1), png_bytes(50, 30, seed=2)]
+    text = f"Hi ![]({data_uri(images[0])}) and ![]({data_uri(images[1])}) x"
+    expanded, processed = asyncio.run(pipeline.expand(text))
+    hf = Idefics3Processor(
+        AutoImageProcessor.from_pretrained(model_dir, use_fast=False),
+        AutoTokenizer.from_pretrained(model_dir),
+        image_seq_len=4,
+    )
+    pil = [[decode_image(b, ImageConfig()) for b in images]]
+    ref = hf(text=["Hi <image> and <image> x"], images=pil, return_tensors="np")
+    ids = tokenizer.encode(expanded, add_special_tokens=False).ids
+    assert ids == ref["input_ids"][0].tolist()
+    placed = pipeline.place(ids, processed)
+    assert len(placed) == 10 and all(p.length == 4 for p in placed)  # 2 x (2 x 2 tiles + global)
+    tiles = np.concatenate([p.features["pixel_values"] for p in placed])
+    np.testing.assert_array_equal(tiles, ref["pixel_values"][0])
+    assert len({p.content_hash for p in placed}) == 10
+
+
 def test_cache_processes_an_image_once_and_is_bounded(vlm_dir, tokenizer):
     pipeline = make_pipeline(vlm_dir, tokenizer)
     uri = data_uri(png_bytes(64, 64, seed=3))
