@@ -4,7 +4,6 @@ never a 500, and the keep-alive connection survives it (issue 13, black-box prob
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import string
