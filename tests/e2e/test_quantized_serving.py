@@ -174,3 +174,24 @@ def test_smollm2_answers_a_chat(smollm2_gguf, tmp_path):
         assert out.choices[0].message.content == "The capital of Germany is Berlin."
     finally:
         server.stop()
+
+
+def test_tgi_form_serves_the_gguf_with_the_model_id_tokenizer(tiny_gguf, tiny_llama_dir, tmp_path):
+    """`--model-id MODEL --model-gguf FILE` (TGI's llama.cpp backend): the weights of FILE, the
+    tokenizer and chat template of MODEL."""
+    import json
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "MODEL-ID TEMPLATE {{ messages[0]['content'] }}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    server = start(model, "--model-gguf", str(tiny_gguf[0]), log_dir=tmp_path)
+    try:
+        assert httpx.get(f"{server.url}/info").json()["quantize"] == "gguf"
+        messages = [{"role": "user", "content": "hi"}]
+        chat = httpx.post(f"{server.url}/chat_tokenize", json={"messages": messages}).json()
+        assert chat["templated_text"] == "MODEL-ID TEMPLATE hi"
+        assert served_greedy(server) == offline_greedy(str(tiny_gguf[0]))
+    finally:
+        server.stop()

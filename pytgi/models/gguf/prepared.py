@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,15 @@ logger = logging.getLogger(__name__)
 MARKER = "pytgi_gguf.json"
 LAYOUT_VERSION = 1  # bump when write_files writes different files: old directories are not reused
 WRITE_TIMEOUT_S = 600
+# what TGI's form takes from `--model-id` (the tokenizer and its chat template)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 
 def gguf_source(model_dir: str | Path) -> Path | None:
@@ -89,6 +99,33 @@ def prepared_dir(gguf_file: Path) -> Path:
         "Wrote the config and tokenizer of %s to %s (%.1fs)",
         path.name, directory, time.perf_counter() - start,
     )  # fmt: skip
+    return directory
+
+
+def with_tokenizer(prepared: Path, tokenizer_dir: Path) -> Path:
+    """A copy of `prepared` (a GGUF's directory) whose tokenizer files are `tokenizer_dir`'s, in
+    the cache next to it, keyed by the tokenizer files' contents."""
+    sources = [tokenizer_dir / name for name in TOKENIZER_FILES if (tokenizer_dir / name).is_file()]
+    digest = hashlib.sha256()
+    for src in sources:
+        digest.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    directory = prepared.parent / f"{prepared.name}-tok-{digest.hexdigest()[:16]}"
+    if (directory / MARKER).is_file():
+        return directory
+    with tempfile.TemporaryDirectory(dir=prepared.parent, prefix=".writing-") as tmp:
+        for item in prepared.iterdir():
+            if item.name not in TOKENIZER_FILES and item.name != MARKER and item.is_file():
+                shutil.copyfile(item, Path(tmp) / item.name)
+        for src in sources:
+            shutil.copyfile(src, Path(tmp) / src.name)
+        shutil.copyfile(prepared / MARKER, Path(tmp) / MARKER)  # last: the directory is whole
+        try:
+            os.rename(tmp, directory)
+        except OSError:
+            if not (directory / MARKER).is_file():
+                raise
+        os.makedirs(tmp, exist_ok=True)
+    logger.info("Serving the tokenizer of %s with the GGUF weights", tokenizer_dir)
     return directory
 
 
