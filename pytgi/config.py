@@ -197,6 +197,9 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+    # and their estimated memory (grammar/compiler.py, `estimated_bytes`): the engine's host
+    # memory for compiled grammars, taken from the KV cache's budget on CPU
+    cache_bytes: int = 256 << 20
 
     def __post_init__(self):
         if not self.compile_timeout_s > 0:

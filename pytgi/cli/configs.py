@@ -138,6 +138,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
         compile_threads=args.grammar_compile_threads,
         mask_threads=args.grammar_mask_threads,
         cache_size=args.grammar_cache_size,
+        cache_bytes=args.grammar_cache_bytes,
     )
 
 

@@ -275,6 +275,13 @@ GRAMMAR_FLAGS = [
         _GRAMMAR.mask_threads,
     ),  # fmt: skip
     Flag("--grammar-cache-size", "Compiled grammars kept", int, _GRAMMAR.cache_size),
+    Flag(
+        "--grammar-cache-bytes",
+        "Estimated memory of the compiled grammars kept (the least recently used go first); on "
+        "CPU it is taken from the KV cache's memory budget at start-up",
+        int,
+        _GRAMMAR.cache_bytes,
+    ),
 ]
 
 SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS
