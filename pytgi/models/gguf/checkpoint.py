@@ -59,7 +59,7 @@ class GGUFCheckpoint:
 
     def write_hf_files(self, out_dir: str | Path) -> Path:
         """Write config.json, generation_config.json and the tokenizer files into `out_dir`."""
-        return write_hf_files(self.metadata, self.tokenizer, Path(out_dir))
+        return write_hf_files(self.metadata, self.tokenizer, Path(out_dir), self.hf_config)
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors of each GGML type the file holds, e.g. {"Q4_1": 210, "F32": 61}."""

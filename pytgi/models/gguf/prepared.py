@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 # "fingerprint": fingerprint(file), "architecture": general.architecture,
 # "tensor_types": {"Q4_1": 210, ...}}
 MARKER = "pytgi_gguf.json"
-LAYOUT_VERSION = 1  # bump when write_files writes different files: old directories are not reused
+LAYOUT_VERSION = 2  # bump when write_files writes different files: old directories are not reused
 WRITE_TIMEOUT_S = 600
 # what TGI's form takes from `--model-id` (the tokenizer and its chat template)
 TOKENIZER_FILES = (
