@@ -10,7 +10,7 @@ import gguf
 import pytest
 import torch
 
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 from pytgi.models.gguf.checkpoint import GGUFCheckpoint
 
 NEW_TOKENS = 8
