@@ -10,8 +10,8 @@ import gguf
 import pytest
 import torch
 
-from pytgi.runtime.llm import LLM
 from pytgi.models.gguf.checkpoint import GGUFCheckpoint
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 8
 
