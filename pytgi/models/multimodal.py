@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from pytgi.engine.request import MultimodalInput
+from pytgi.messages.request import MultimodalInput
 from pytgi.models.base import CausalLM
 
 

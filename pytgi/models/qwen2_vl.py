@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi.engine.request import MultimodalInput
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.embedding import ParallelLMHead
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import MRotaryEmbedding
+from pytgi.messages.request import MultimodalInput
 from pytgi.models.config import OUTSIDE, DecoderSpec, decoder_spec_from_hf
 from pytgi.models.decoder import LLAMA_PACKED_MODULES, DecoderModel
 from pytgi.models.multimodal import MultimodalLM

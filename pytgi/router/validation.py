@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
-from pytgi.engine.request import EngineRequest, MultimodalInput
-from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest, MultimodalInput
+from pytgi.messages.sampling_params import GrammarSpec, SamplingParams, StoppingParams
 from pytgi.router.errors import input_error
 from pytgi.router.grammar import NOT_SUPPORTED, compile_check, parse_grammar
 from pytgi.router.images.sources import has_markdown_image

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pytgi.engine.outputs import SchedulerOutput
-from pytgi.engine.request import MultimodalInput
+from pytgi.messages.outputs import SchedulerOutput
+from pytgi.messages.request import MultimodalInput
 from pytgi.models.multimodal import MultimodalLM
 from pytgi.worker.request_states import RequestState, RequestStates
 

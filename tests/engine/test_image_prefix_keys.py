@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pytgi.engine.kv_cache_manager import KVCacheManager
-from pytgi.engine.request import EngineRequest, MultimodalInput, Request
+from pytgi.engine.request import Request
+from pytgi.messages.request import EngineRequest, MultimodalInput
 
 
 def request(rid: str, image_hash: str | None) -> Request:

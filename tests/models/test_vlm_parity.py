@@ -10,7 +10,7 @@ import pytest
 import torch
 from models.vlm_utils import VlmPrompts, engine_request, hf_greedy
 
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 12
 LOGPROB_TOL = 2e-3

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from fixtures.images import data_uri, png_bytes
 
-from pytgi.engine.request import EngineRequest
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 from pytgi.router.images.config import ImageConfig
 from pytgi.router.images.pipeline import ImagePipeline
 from pytgi.tokenizer.tokenizer import Tokenizer

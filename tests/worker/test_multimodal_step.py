@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pytgi.engine.outputs import ScheduledRequest, SchedulerOutput
-from pytgi.engine.request import MultimodalInput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.outputs import ScheduledRequest, SchedulerOutput
+from pytgi.messages.request import MultimodalInput
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.worker.multimodal import EncoderCache, MultimodalStep
 from pytgi.worker.request_states import RequestState, RequestStates
 

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytgi.engine.request import MultimodalInput
 from pytgi.errors import ModelLoadError
+from pytgi.messages.request import MultimodalInput
 from pytgi.router.errors import input_error
 from pytgi.router.images.config import ImageConfig
 from pytgi.router.images.decode import decode_image
