@@ -1,0 +1,82 @@
+"""The row-invariance contract (docs/KERNELS.md): a row's output is a function of that row alone.
+The same input row gives the same bits whether its step carries 1 row or many, and whatever the
+step's phase (a decode row, the k+1 rows of a verify, a chunk of a prefill). Every linear kernel
+runs here: fp32 (packed tiles and the torch path), and each quantized format with int8 and fp32
+activations, at row counts on both sides of every path switch (register / panel kernels, row
+chunks). New kernels add themselves to `LINEARS`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytgi.backends.cpu import kernels
+from pytgi.backends.cpu.quant_layout import FP8
+from pytgi.backends.cpu.quant_ops import quant_linear
+from pytgi.layers.quantization.packing import pack_codebook, pack_quantized
+from pytgi.layers.quantization.quantizers import (
+    quantize_codebook,
+    quantize_fp8,
+    quantize_per_channel_int8,
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q8_0,
+)
+from pytgi.layers.quantization.unquantized import pack_column_tiles, packed_matmul
+
+# row counts: decode (1), verify (2-5 with --speculate 1-4), the register / panel switch of the
+# fp32-activation kernels (8, 9), prefill chunks, and past the int8 kernels' 64-row chunk
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 64, 70)
+N, K = 40, 96  # a partial 16-column tile and a K of three 32-blocks
+
+QUANTIZED = {
+    "Q8_0": lambda w: pack_quantized([quantize_q8_0(w)]),
+    "Q4_0": lambda w: pack_quantized([quantize_q4_0(w)]),
+    "Q4_1": lambda w: pack_quantized([quantize_q4_1(w)]),
+    "per-channel int8": lambda w: pack_quantized([quantize_per_channel_int8(w)], "int8"),
+    "nf4": lambda w: pack_codebook(quantize_codebook(w, "nf4")),
+    "fp4": lambda w: pack_codebook(quantize_codebook(w, "fp4")),
+    "fp8": lambda w: pack_codebook(quantize_fp8(w)),
+}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = kernels.load_cpu_kernels()
+    assert module is not None, "the CPU kernels failed to build"
+    return module
+
+
+def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(N, K, generator=g) * 0.1, torch.randn(max(ROWS), K, generator=g)
+
+
+def assert_row_invariant(linear) -> None:
+    """`linear(x [M, K]) -> [M, N]`: every row of every M equals that row computed alone."""
+    _, x = _inputs()
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
+    for m in ROWS:
+        for offset in (0, max(ROWS) - m):  # the same rows at other places in the step
+            rows = linear(x[offset : offset + m])
+            same = (rows == alone[offset : offset + m]).all(dim=1)
+            assert bool(same.all()), f"M={m}: rows {(~same).nonzero().flatten().tolist()} differ"
+
+
+def test_fp32_packed_tiles(ops):
+    w, _ = _inputs()
+    packed = pack_column_tiles(w)
+    bias = torch.randn(packed.shape[0] * packed.shape[2])
+    assert_row_invariant(lambda x: packed_matmul(x, packed, bias, ops))
+
+
+@pytest.mark.parametrize("acts", ["int8", "fp32"])
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_quantized_kernels(ops, name, acts):
+    w, _ = _inputs()
+    packed = QUANTIZED[name](w)
+    if acts == "int8" and packed.format == FP8:
+        pytest.skip("fp8 has no int8-activation kernel")
+    bias = torch.randn(N)
+    assert_row_invariant(lambda x: quant_linear(x, packed, bias, ops, acts == "int8"))
