@@ -80,3 +80,28 @@ def test_quantized_kernels(ops, name, acts):
         pytest.skip("fp8 has no int8-activation kernel")
     bias = torch.randn(N)
     assert_row_invariant(lambda x: quant_linear(x, packed, bias, ops, acts == "int8"))
+
+
+def test_decode_attention_rows(ops):
+    """The paged decode kernel (decode rows, and verify rows run as decode rows): each row against
+    its own keys gives the same bits alone and among others of other lengths."""
+    g = torch.Generator().manual_seed(3)
+    kv_heads, heads, d, bs, blocks = 2, 4, 32, 16, 24
+    k_cache = torch.randn(kv_heads, blocks * bs, d, generator=g)
+    v_cache = torch.randn(kv_heads, blocks * bs, d, generator=g)
+    rows = 7
+    q = torch.randn(rows, heads, d, generator=g)
+    tables = torch.randperm(blocks, generator=g)[: rows * 3].view(rows, 3).to(torch.int64)
+    seq_lens = torch.tensor([1, 5, 16, 17, 30, 33, 48], dtype=torch.int64)
+    first = torch.zeros(rows, dtype=torch.int64)
+
+    def attend(idx: list[int]) -> torch.Tensor:
+        return ops.decode_attention(
+            q[idx].contiguous(), k_cache, v_cache, tables[idx].contiguous(), first[idx],
+            seq_lens[idx], bs, d**-0.5, 0.0, None,
+        )  # fmt: skip
+
+    together = attend(list(range(rows)))
+    for i in range(rows):
+        assert torch.equal(together[i], attend([i])[0]), i
+        assert torch.equal(together[i], attend([i, (i + 3) % rows])[0]), i
