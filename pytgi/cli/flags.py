@@ -88,8 +88,9 @@ MODEL_FLAGS = [
     ),
     Flag(
         "--model-gguf",
-        "The GGUF file to serve inside the --model-id directory or hub repo (needed when it "
-        "holds several; a path inside it, or an absolute path)",
+        "The GGUF file to serve, as TGI: its path (the tokenizer and chat template then come from "
+        "--model-id); or a file inside the --model-id directory or hub repo (when it holds "
+        "several)",
     ),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
