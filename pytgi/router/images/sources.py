@@ -68,4 +68,3 @@ def check_size(size: int, config: ImageConfig) -> None:
             f"Image size {size} bytes exceeds maximum allowed size of "
             f"{config.max_fetch_bytes} bytes"
         )
-
