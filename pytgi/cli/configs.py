@@ -25,6 +25,7 @@ from pytgi.config import (
 )
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
+from pytgi.router.images.config import ImageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +242,15 @@ def limits_config(
         max_total_tokens=max_total,
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
+    )
+
+
+def image_config(args: argparse.Namespace) -> ImageConfig:
+    return ImageConfig(
+        max_fetch_bytes=args.max_image_fetch_size,
+        fetch_timeout_s=args.image_fetch_timeout,
+        max_pixels=args.max_image_pixels,
+        allow_private_urls=args.allow_private_image_urls,
     )
 
 

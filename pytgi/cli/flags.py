@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pytgi import envs
 from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.router.images.config import ImageConfig
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ ENGINE_FLAGS = [
     Flag("--rope-factor", "Override rope scaling factor", float),
 ]
 
+_IMAGES = ImageConfig()
 LIMIT_FLAGS = [
     Flag("--max-concurrent-requests", "Concurrent requests before 429", int, 128),
     Flag("--max-best-of", "Maximum best_of", int, 2),
@@ -170,6 +172,24 @@ LIMIT_FLAGS = [
     Flag("--max-total-tokens", "Maximum prompt + new tokens per request", int),
     Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
     Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
+    Flag(
+        "--max-image-fetch-size",
+        "Largest image accepted, in bytes, fetched or in a data URI (TGI: 1 GiB, router only)",
+        int,
+        _IMAGES.max_fetch_bytes,
+    ),  # fmt: skip
+    Flag("--image-fetch-timeout", "Seconds one image fetch may take", float, 10.0),
+    Flag(
+        "--max-image-pixels",
+        "Most pixels (width x height) a decoded image may have",
+        int,
+        _IMAGES.max_pixels,
+    ),  # fmt: skip
+    Flag(
+        "--allow-private-image-urls",
+        "Fetch image URLs that resolve to loopback, private or link-local addresses (pytgi only)",
+        switch=True,
+    ),  # fmt: skip
     Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
     Flag(
         "--waiting-served-ratio",
