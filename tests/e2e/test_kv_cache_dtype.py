@@ -11,7 +11,7 @@ import httpx
 from text_generation import Client
 
 from e2e.server import ServerProcess, free_port
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 
 PROMPTS = ["Hello world", "The quick brown fox"]
 NEW_TOKENS = 12

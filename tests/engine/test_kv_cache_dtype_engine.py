@@ -15,9 +15,9 @@ from models.runner_utils import make_runner, prompt
 from safetensors.torch import load_file, save_file
 
 from pytgi.backends.base import KVScales
-from pytgi.engine.llm import LLM
 from pytgi.errors import ModelLoadError
 from pytgi.layers.attention import Attention
+from pytgi.runtime.llm import LLM
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3fn", "bfloat16"])
