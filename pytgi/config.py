@@ -157,6 +157,8 @@ class CacheInfo:
     device: str
     kv_cache_dtype: str = ""  # the caches' storage dtype
     kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
+    # every attention layer has a sliding window: the largest (older blocks are freed); else None
+    sliding_window: int | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)

@@ -99,6 +99,15 @@ class ModelRunner:
         return dtypes.pop() if len(dtypes) == 1 else self.dtype
 
     @property
+    def sliding_window(self) -> int | None:
+        """The largest window when every attention layer has one (the scheduler frees blocks
+        below it), else None."""
+        windows = [spec.sliding_window for spec in self.kv_specs.values()]
+        if not windows or None in windows:
+            return None
+        return max(windows)
+
+    @property
     def bytes_per_block(self) -> int:
         """Every layer's cache for one block of tokens, on this rank."""
         return sum(spec.bytes_per_token for spec in self.kv_specs.values()) * self.block_size
