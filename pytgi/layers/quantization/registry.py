@@ -27,6 +27,11 @@ from pytgi.layers.quantization.cpu_methods import (
     Fp8LinearMethod,
     Int8LinearMethod,
 )
+from pytgi.layers.quantization.detect import (
+    CheckpointQuant,
+    check_checkpoint_quant,
+    check_quantize_needs_checkpoint,
+)
 from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, ActivationPolicy
 from pytgi.layers.quantization.quantizers import quantize_per_channel_int8
 
@@ -106,21 +111,33 @@ def quant_config_for(
 def resolve_quant_config(
     quantize: str | None, checkpoint_method: str | None, dtype: torch.dtype
 ) -> QuantConfig | None:
-    """`--quantize` and the checkpoint's `quantization_config.quant_method` -> the config, or a
-    ConfigError naming what cannot run together."""
+    """`--quantize` on a full-precision checkpoint -> the on-the-fly config, or a ConfigError
+    naming what cannot run together (a pre-quantized checkpoint goes through
+    `check_prequantized_options` and layers/quantization/prequantized.py instead)."""
     if checkpoint_method is not None:
-        raise ConfigError(
-            f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
-            + (f" (and --quantize {quantize} cannot re-quantize them)" if quantize else "")
-        )
+        raise ConfigError(f"the checkpoint is already quantized with '{checkpoint_method}'")
     if quantize is None:
         return None
+    check_quantize_needs_checkpoint(quantize)
     if dtype != torch.float32:
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
     return quant_config_for(quantize)
+
+
+def check_prequantized_options(quant: CheckpointQuant, quantize: str | None, dtype) -> str:
+    """What cannot serve a pre-quantized checkpoint: an unsupported method or format, a
+    `--quantize` naming another method, a compute dtype other than the kernels' float32 (these
+    formats are weight-only: activations stay in full precision). Returns the method."""
+    method = check_checkpoint_quant(quant, quantize)
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"{method} checkpoints run the CPU kernels on float32 activations: use --dtype "
+            f"float32 (got {str(dtype).removeprefix('torch.')})"
+        )
+    return method
 
 
 def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:
