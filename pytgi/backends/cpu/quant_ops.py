@@ -34,14 +34,9 @@ def quant_linear(
     bias: torch.Tensor | None,
     kernels: ModuleType | None,
     int8_acts: bool,
-    row_invariant: bool = False,
 ) -> torch.Tensor:
-    """x [M, K] float32 -> [M, N] = x @ W^T (+ bias). `row_invariant` with fp32 activations:
-    every M on the panel GEMM (whose rows each sum in one order), never the small-M register
-    path, which sums in another order, so a row's bits never depend on the batch."""
+    """x [M, K] float32 -> [M, N] = x @ W^T (+ bias)."""
     if kernels is not None:
-        if row_invariant and not int8_acts:
-            return kernels.quant_linear(x, *packed.kernel_args(), bias, False, direct_rows=0)
         return kernels.quant_linear(x, *packed.kernel_args(), bias, int8_acts)
     return torch_linear(x, packed, bias)
 

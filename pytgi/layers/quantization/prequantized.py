@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from pytgi.backends.cpu.quant_layout import PackedQuantWeight
-from pytgi.backends.cpu.quant_ops import quant_linear
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.detect import CheckpointQuant
@@ -150,8 +149,7 @@ class PrequantizedLinearMethod(PackedLinearMethod):
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.input_perm is not None:  # [T, K] -> [T, K'] in group order (pads read zero)
             x = F.pad(x, (0, 1)).index_select(1, self.input_perm)
-        x = x if x.stride(-1) == 1 else x.contiguous()
-        return quant_linear(x, layer.quant_packed, bias, self.kernels, False, row_invariant=True)
+        return super().apply(layer, x, bias)  # fp32 activations (the policy)
 
     def rows(self, layer, ids: torch.Tensor) -> torch.Tensor:
         if self.input_perm is not None:
