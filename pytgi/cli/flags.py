@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pytgi import envs
 from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.router.images.config import ImageConfig
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,15 @@ def _quantize_help() -> str:
 
 
 QUANTIZE_FLAG = Flag("--quantize", _quantize_help(), choices=QUANTIZE)
+QUANTIZE_ACTIVATIONS_FLAG = Flag(
+    "--quantize-activations",
+    "pytgi extension: the activations of the quantized kernels (also PYTGI_QUANT_ACTIVATIONS). "
+    "Default: each method as TGI computes it (eetq, bitsandbytes-nf4/fp4, fp8: full-precision "
+    "activations; bitsandbytes LLM.int8: int8 with outlier features; GGUF: int8 blocks, as "
+    "llama.cpp). int8: quantize activations per row and 32-wide block (faster, less exact; not "
+    "for nf4/fp4/fp8); fp32: exact products with the dequantized weights",
+    choices=("int8", "fp32"),
+)
 
 
 MODEL_FLAGS = [
@@ -83,8 +93,9 @@ MODEL_FLAGS = [
     ),
     Flag(
         "--model-gguf",
-        "The GGUF file to serve inside the --model-id directory or hub repo (needed when it "
-        "holds several; a path inside it, or an absolute path)",
+        "The GGUF file to serve, as TGI: its path (the tokenizer and chat template then come from "
+        "--model-id); or a file inside the --model-id directory or hub repo (when it holds "
+        "several)",
     ),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
@@ -135,6 +146,7 @@ ENGINE_FLAGS = [
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
+    QUANTIZE_ACTIVATIONS_FLAG,
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
     Flag(
         "--cuda-graphs",
@@ -154,6 +166,7 @@ ENGINE_FLAGS = [
     Flag("--rope-factor", "Override rope scaling factor", float),
 ]
 
+_IMAGES = ImageConfig()
 LIMIT_FLAGS = [
     Flag("--max-concurrent-requests", "Concurrent requests before 429", int, 128),
     Flag("--max-best-of", "Maximum best_of", int, 2),
@@ -164,6 +177,24 @@ LIMIT_FLAGS = [
     Flag("--max-total-tokens", "Maximum prompt + new tokens per request", int),
     Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
     Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
+    Flag(
+        "--max-image-fetch-size",
+        "Largest image accepted, in bytes, fetched or in a data URI (TGI: 1 GiB, router only)",
+        int,
+        _IMAGES.max_fetch_bytes,
+    ),  # fmt: skip
+    Flag("--image-fetch-timeout", "Seconds one image fetch may take", float, 10.0),
+    Flag(
+        "--max-image-pixels",
+        "Most pixels (width x height) a decoded image may have",
+        int,
+        _IMAGES.max_pixels,
+    ),  # fmt: skip
+    Flag(
+        "--allow-private-image-urls",
+        "Fetch image URLs that resolve to loopback, private or link-local addresses (pytgi only)",
+        switch=True,
+    ),  # fmt: skip
     Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
     Flag(
         "--waiting-served-ratio",
@@ -270,6 +301,13 @@ GRAMMAR_FLAGS = [
         _GRAMMAR.mask_threads,
     ),  # fmt: skip
     Flag("--grammar-cache-size", "Compiled grammars kept", int, _GRAMMAR.cache_size),
+    Flag(
+        "--grammar-cache-bytes",
+        "Estimated memory of the compiled grammars kept (the least recently used go first); on "
+        "CPU it is taken from the KV cache's memory budget at start-up",
+        int,
+        _GRAMMAR.cache_bytes,
+    ),
 ]
 
 SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS

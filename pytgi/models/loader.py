@@ -175,7 +175,9 @@ def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
 
-    return resolve_quant_config(model_config.quantize, None, dtype)
+    return resolve_quant_config(
+        model_config.quantize, None, dtype, model_config.quantize_activations
+    )
 
 
 class _Checkpoint:
@@ -209,7 +211,8 @@ class _Checkpoint:
 
         check_gguf_options(self.model_config.quantize, dtype)
         types = self.gguf.hf_tensor_types()
-        return GGUFQuantConfig(types, model_class.packed_modules_mapping, activation_policy())
+        policy = activation_policy("gguf", self.model_config.quantize_activations)
+        return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
     def _prequantized_config(self, dtype: torch.dtype, model_class: type[CausalLM]):
         """The quant config of a checkpoint stored quantized (config.json's
@@ -222,8 +225,12 @@ class _Checkpoint:
         from pytgi.layers.quantization.prequantized import prequantized_setup
         from pytgi.layers.quantization.registry import check_prequantized_options
 
-        check_prequantized_options(quant, self.model_config.quantize, dtype)
-        self.prequantized, config = prequantized_setup(quant, self._file_names(), model_class)
+        policy = check_prequantized_options(
+            quant, self.model_config.quantize, dtype, self.model_config.quantize_activations
+        )
+        self.prequantized, config = prequantized_setup(
+            quant, self._file_names(), model_class, policy
+        )
         return config
 
     def _file_names(self) -> list[str]:

@@ -110,8 +110,8 @@ class PrequantizedLinearMethod(PackedLinearMethod):
 
     family = "prequantized"
 
-    def __init__(self, kernels: ModuleType | None, method: str):
-        super().__init__(kernels, FP32_ACTIVATIONS)
+    def __init__(self, kernels: ModuleType | None, method: str, policy=FP32_ACTIVATIONS):
+        super().__init__(kernels, policy)
         self.method = method
         self.input_perm: torch.Tensor | None = None  # [K'] act-order gather (K: a zero column)
 
@@ -125,6 +125,7 @@ class PrequantizedLinearMethod(PackedLinearMethod):
         if any(isinstance(p, GroupIndexedWeight) for p in pieces):
             pieces = self._sort_act_order(pieces)
         if all(isinstance(p, CodebookWeight) for p in pieces):
+            self.policy = FP32_ACTIVATIONS  # e4m3 codes have no int8-activation kernel
             return pack_codebook(pieces[0].cat_rows(pieces))
         if any(isinstance(p, CodebookWeight) for p in pieces):
             raise ModelLoadError("fp8 and integer shards in one fused layer")
@@ -149,7 +150,7 @@ class PrequantizedLinearMethod(PackedLinearMethod):
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.input_perm is not None:  # [T, K] -> [T, K'] in group order (pads read zero)
             x = F.pad(x, (0, 1)).index_select(1, self.input_perm)
-        return super().apply(layer, x, bias)  # fp32 activations (the policy)
+        return super().apply(layer, x, bias)  # fp32 activations unless the policy says int8
 
     def rows(self, layer, ids: torch.Tensor) -> torch.Tensor:
         if self.input_perm is not None:
@@ -161,19 +162,20 @@ class PrequantizedQuantConfig(QuantConfig):
     """The layers a pre-quantized checkpoint stores quantized get `PrequantizedLinearMethod`;
     the others (an `ignore` list, an unquantized LM head) stay in full precision."""
 
-    def __init__(self, quant: CheckpointQuant, quantized_params: set[str]):
+    def __init__(self, quant: CheckpointQuant, quantized_params: set[str], policy=FP32_ACTIVATIONS):
         self.name = quant.method
         self.quant = quant
         self.quantized_params = quantized_params  # linear prefixes, e.g. ...self_attn.qkv_proj
+        self.policy = policy
 
     def get_linear_method(self, prefix: str, kernels) -> LinearMethod | None:
         if prefix in self.quantized_params:
-            return PrequantizedLinearMethod(kernels, self.name)
+            return PrequantizedLinearMethod(kernels, self.name, self.policy)
         return None
 
     def get_lm_head_method(self, kernels) -> LinearMethod | None:
         if "lm_head" in self.quantized_params:
-            return PrequantizedLinearMethod(kernels, self.name)
+            return PrequantizedLinearMethod(kernels, self.name, self.policy)
         return None
 
 
@@ -194,7 +196,9 @@ def quantized_params(modules: set[str], model_class) -> set[str]:
     return out
 
 
-def prequantized_setup(quant: CheckpointQuant, names: list[str], model_class):
+def prequantized_setup(
+    quant: CheckpointQuant, names: list[str], model_class, policy=FP32_ACTIVATIONS
+):
     """(PrequantizedTensors, PrequantizedQuantConfig) for a checkpoint with these tensor names."""
     tensors = PrequantizedTensors(format_for(quant), names)
     if not tensors.modules:
@@ -203,7 +207,8 @@ def prequantized_setup(quant: CheckpointQuant, names: list[str], model_class):
             f"quantized tensors ({' / '.join(_markers(tensors.fmt))})"
         )
     logger.info("%s checkpoint: %d quantized linear modules", quant.method, len(tensors.modules))
-    config = PrequantizedQuantConfig(quant, quantized_params(tensors.modules, model_class))
+    params = quantized_params(tensors.modules, model_class)
+    config = PrequantizedQuantConfig(quant, params, policy)
     return tensors, config
 
 
