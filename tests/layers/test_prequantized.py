@@ -143,7 +143,7 @@ CT_CASES = {
     "w4a16-sym-g32": dict(fmt="pack-quantized", bits=4, group=32),
     "w4a16-asym-g64": dict(fmt="pack-quantized", bits=4, sym=False, group=64),
     "w8a16-channel": dict(fmt="pack-quantized", bits=8, strategy="channel"),
-    "w8a16-asym-g32": dict(fmt="pack-quantized", bits=8, sym=False, group=32),
+    "w8a16-asym-g32-bf16": dict(fmt="pack-quantized", bits=8, sym=False, group=32),
     "w8a8-int-dynamic": dict(fmt="int-quantized", bits=8, strategy="channel", dynamic_acts=1),
     "w8-naive-tensor": dict(fmt="naive-quantized", bits=8, strategy="tensor"),
     "fp8-channel": dict(fmt="float-quantized", bits=8, kind="float", strategy="channel"),
@@ -161,6 +161,8 @@ def test_compressed_tensors_from_the_librarys_compressors(case, cpu_kernels):
     options = CT_CASES[case]
     scheme = ct_scheme(**options)
     weight = torch.randn(256, 256, generator=torch.Generator().manual_seed(2)) * 0.05
+    if case.endswith("bf16"):  # llm-compressor's usual scales: the model's bfloat16
+        weight = weight.bfloat16()
     compressed, decompressed = make_compressed(weight, scheme)
     config = {"config_groups": {"group_0": scheme.model_dump()}, "format": options["fmt"]}
     piece = assemble(quant("compressed-tensors", config=config), compressed)
@@ -174,9 +176,10 @@ def test_fp8_checkpoints(kind, cpu_kernels):
     block scale (a 200x320 weight: partial blocks on both edges)."""
     tensors, w = make_fp8(200, 320, kind)
     config = {"weight_block_size": [128, 128]} if kind == "scale_inv" else {}
-    piece = assemble(quant("fp8", config=config), {**tensors, "input_scale": torch.ones(1)})
-    if kind == "block":
+    if kind == "block":  # llm-compressor's FP8_BLOCK: weight_scale per 128x128 tile
         piece = assemble(quant("compressed-tensors", config={}), tensors)
+    else:
+        piece = assemble(quant("fp8", config=config), {**tensors, "input_scale": torch.ones(1)})
     assert torch.equal(piece.dequantize(), w)
     assert_layer_matches(row_layer(piece, 320, 200), w, 320)
 
