@@ -233,6 +233,7 @@ class ServerConfig:
     graceful_termination_timeout_s: float = 90.0
     enable_prefill_logprobs: bool = False
     disable_grammar_support: bool = False
+    playground: bool = True  # the /playground page (pytgi only)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     model_id: str = ""
     model_sha: str | None = None

@@ -279,6 +279,7 @@ def server_config(
         graceful_termination_timeout_s=args.graceful_termination_timeout,
         enable_prefill_logprobs=args.enable_prefill_logprobs,
         disable_grammar_support=args.disable_grammar_support,
+        playground=not args.disable_playground,
         limits=limits,
         model_id=model_id,
         model_sha=model_sha,

@@ -244,6 +244,11 @@ SERVER_FLAGS = [
         "Reject grammar / response_format (tools are then only prompted for)",
         switch=True,
     ),  # fmt: skip
+    Flag(
+        "--disable-playground",
+        "pytgi extension: do not serve the chat playground and live dashboard at /playground",
+        switch=True,
+    ),  # fmt: skip
     Flag("--watermark-gamma", "Watermark green-list fraction", float, 0.5),
     Flag("--watermark-delta", "Watermark logit bias", float, 2.0),
     Flag("--otlp-endpoint", "OpenTelemetry collector (accepted, not used)"),

@@ -5,7 +5,8 @@ The launcher builds the engine, the router's `Infer` and the configs, calls `cre
 Middleware, outermost first: CORS → API key → drain gate → body limit → routes. The OpenAPI
 document is generated from the routes, titled and versioned as TGI's, at `/api-doc/openapi.json`
 (also `/openapi.json`), with Swagger UI at `/docs`, served from the `swagger-ui-bundle` package's
-assets (no CDN: it renders offline).
+assets (no CDN: it renders offline), and the playground at `/playground` unless
+`--disable-playground`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pytgi.server.middleware import (
     CloseOn5xx,
     GateMiddleware,
 )
+from pytgi.server.playground import add_playground
 from pytgi.server.sse import DEFAULT_KEEP_ALIVE_S
 
 if TYPE_CHECKING:  # the router is only called through these methods
@@ -86,6 +88,8 @@ def create_app(
         app.include_router(module.router)
     app.add_api_route("/openapi.json", app.openapi, methods=["GET"], include_in_schema=False)
     _add_docs(app)
+    if config.playground:
+        add_playground(app)
     install_error_handlers(app)
     _add_middleware(app, config, ctx.health)
     return app
