@@ -1,0 +1,42 @@
+# pytgi CPU image, with TGI's container conventions:
+#   docker run -p 8080:80 -v $volume:/data pytgi-cpu --model-id $model
+# entrypoint `text-generation-launcher`, root, port 80 inside (PORT), the hub cache on the /data
+# volume (HF_HOME), SIGTERM drains in-flight requests (--graceful-termination-timeout, default 90 s:
+# give `docker stop -t 95`). Beyond TGI: a HEALTHCHECK on /health.
+FROM python:3.11-slim-bookworm
+
+# g++ builds the CPU kernels below; torch's extension loader also checks the compiler when it loads
+# the prebuilt module at start-up, so the compiler stays in the image.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/data \
+    PORT=80 \
+    TORCH_EXTENSIONS_DIR=/opt/pytgi/torch_extensions \
+    OMP_WAIT_POLICY=PASSIVE \
+    TOKENIZERS_PARALLELISM=false
+
+WORKDIR /opt/pytgi/src
+# torch's CPU-only wheel first (the default index would pull the CUDA one)
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY pyproject.toml README.md ./
+COPY pytgi ./pytgi
+RUN pip install .
+
+# Build the CPU kernels now, not on the first start: the build directory is keyed by sources,
+# flags and torch, and the flags follow the build host's CPU (AVX2/AVX-512). A host with another
+# ISA builds its own copy at first start (logged), as a bare install would.
+RUN python -c "from pytgi.backends.cpu.kernels import load_cpu_kernels as l; assert l() is not None"
+
+WORKDIR /data
+VOLUME /data
+EXPOSE 80
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=3s --start-period=600s --retries=3 \
+    CMD python -c "import os,urllib.request as u; u.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\",\"80\")}/health', timeout=2)" || exit 1
+
+ENTRYPOINT ["text-generation-launcher"]
+CMD ["--json-output"]
