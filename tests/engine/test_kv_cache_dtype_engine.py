@@ -39,9 +39,10 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
     """64 greedy tokens of two prompts on the tiny Llama: the 16-bit caches give the fp32
-    cache's tokens; fp8_e4m3fn the same until a near-tie flips (measured here: one prompt flips
-    at token 24, the other not at all), fp8_e5m2 diverges within a few tokens (2 mantissa bits on
-    a random model whose logits are nearly flat)."""
+    cache's tokens; fp8_e4m3fn the same until a near-tie flips (measured: at tokens 24 and 34 on
+    the pure-torch path, at 24 and never with the compiled kernels, whose fp32 reference differs
+    in the last bits), fp8_e5m2 diverges within a few tokens (2 mantissa bits on a random model
+    whose logits are nearly flat; not asserted)."""
     torch.set_num_threads(1)
     ids = [prompt(30, 1), prompt(17, 2)]
     reference = greedy(tiny_llama_dir, None, ids)
@@ -49,7 +50,7 @@ def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
         assert greedy(tiny_llama_dir, kv, ids) == reference, kv
     fp8 = greedy(tiny_llama_dir, "fp8_e4m3fn", ids)
     agree = [first_difference(x, y) for x, y in zip(fp8, reference, strict=True)]
-    assert min(agree) >= 16 and max(agree) == 64, agree
+    assert min(agree) >= 16, agree
 
 
 def with_tensors(model_dir, tmp_path, extra: dict, config: dict | None = None):
