@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import SERVED_QUANTIZE
+from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -63,10 +63,10 @@ def check_quantize(
     again when it builds the model)."""
     if quantize is None:
         return
-    if quantize not in SERVED_QUANTIZE:
+    if quantize not in SERVED_QUANTIZE + CHECKPOINT_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
-            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+            f"(supported: {', '.join(SERVED_QUANTIZE + CHECKPOINT_QUANTIZE)})"
         )
     if platform != "cpu":
         raise ConfigError(

@@ -59,13 +59,18 @@ QUANTIZE = (
 # the QUANTIZE values pytgi runs (on-the-fly quantisation of a full-precision checkpoint on the
 # CPU kernels; layers/quantization/registry.py); the others are refused at start-up
 SERVED_QUANTIZE = ("eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+# the QUANTIZE values naming a checkpoint's own format (layers/quantization/detect.py): accepted
+# when the checkpoint is stored in it
+CHECKPOINT_QUANTIZE = ("gptq", "awq", "compressed-tensors", "marlin")
 
 
 def _quantize_help() -> str:
     return (
         f"Quantize a full-precision checkpoint's weights at load time (TGI's values; pytgi runs "
-        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). GGUF models are served "
-        "in their own quantized types"
+        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). A checkpoint stored "
+        f"quantized ({', '.join(CHECKPOINT_QUANTIZE)}, fp8) is detected from its config; "
+        "--quantize must then name its method. GGUF models are served in their own quantized "
+        "types"
     )
 
 

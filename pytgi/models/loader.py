@@ -134,7 +134,9 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
         if target is None:
             continue
         param = _check_known(params, target, name)
-        _load_one(param, tensor.t() if target.transpose else tensor, target, name)
+        # a quantized piece is already [out, in], whatever the checkpoint's float layout
+        transpose = target.transpose and isinstance(tensor, torch.Tensor)
+        _load_one(param, tensor.t() if transpose else tensor, target, name)
         loaded.add(target.key)
     _check_complete(mapper, loaded)
     _apply_kv_scales(model, mapper, kv_scales)
@@ -226,14 +228,13 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
-    checkpoint = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
-    if not (model_config.quantize or checkpoint):
+def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
+    if not model_config.quantize:
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
 
     return resolve_quant_config(
-        model_config.quantize, checkpoint, dtype, model_config.quantize_activations
+        model_config.quantize, None, dtype, model_config.quantize_activations
     )
 
 
@@ -247,6 +248,7 @@ class _Checkpoint:
         self.model_config, self.model_dir = model_config, model_dir
         self.gguf_path = gguf_source(model_dir)
         self.gguf = None
+        self.prequantized = None  # PrequantizedTensors of a GPTQ / AWQ / ... checkpoint
         self.files: list[Path] = []
         if self.gguf_path is not None:
             from pytgi.models.gguf.checkpoint import GGUFCheckpoint
@@ -259,7 +261,9 @@ class _Checkpoint:
 
     def quant_config(self, hf_config, dtype: torch.dtype, model_class: type[CausalLM]):
         if self.gguf is None:
-            return _quant_config(self.model_config, hf_config, dtype)
+            return self._prequantized_config(dtype, model_class) or _quant_config(
+                self.model_config, dtype
+            )
         from pytgi.layers.quantization.gguf import GGUFQuantConfig
         from pytgi.layers.quantization.registry import activation_policy, check_gguf_options
 
@@ -268,18 +272,44 @@ class _Checkpoint:
         policy = activation_policy("gguf", self.model_config.quantize_activations)
         return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
-    def names(self) -> list[str]:
-        if self.gguf is not None:
-            return list(self.gguf.hf_tensor_types())
+    def _prequantized_config(self, dtype: torch.dtype, model_class: type[CausalLM]):
+        """The quant config of a checkpoint stored quantized (config.json's
+        quantization_config, quantize_config.json, quant_config.json), else None."""
+        from pytgi.layers.quantization.detect import read_checkpoint_quant
+
+        quant = read_checkpoint_quant(self.model_dir)
+        if quant is None:
+            return None
+        from pytgi.layers.quantization.prequantized import prequantized_setup
+        from pytgi.layers.quantization.registry import check_prequantized_options
+
+        policy = check_prequantized_options(
+            quant, self.model_config.quantize, dtype, self.model_config.quantize_activations
+        )
+        self.prequantized, config = prequantized_setup(
+            quant, self._file_names(), model_class, policy
+        )
+        return config
+
+    def _file_names(self) -> list[str]:
         from pytgi.models.weights import tensor_names
 
         return tensor_names(self.files)
+
+    def names(self) -> list[str]:
+        if self.prequantized is not None:
+            return self.prequantized.names()
+        if self.gguf is not None:
+            return list(self.gguf.hf_tensor_types())
+        return self._file_names()
 
     def tensors(self) -> Iterable[tuple[str, Any]]:
         if self.gguf is not None:
             return self.gguf.iter_weights()
         from pytgi.models.weights import iter_files
 
+        if self.prequantized is not None:
+            return self.prequantized.tensors(iter_files(self.files))
         return iter_files(self.files)
 
     @property
