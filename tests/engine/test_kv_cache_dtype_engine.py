@@ -90,13 +90,27 @@ def test_a_scale_under_no_attention_layer_is_an_unexpected_tensor(tiny_llama_dir
 
 
 def test_a_compressed_tensors_kv_cache_scheme_selects_fp8_e4m3fn(tiny_llama_dir, tmp_path):
-    """The scheme alone (no weight quantization method here) picks TGI's fp8_e4m3fn cache."""
-    scheme = {"quantization_config": {"kv_cache_scheme": {"type": "float", "num_bits": 8}}}
-    model_dir = with_tensors(tiny_llama_dir, tmp_path, {}, scheme)
+    """A compressed-tensors checkpoint (4-bit packed weights) whose config declares an 8-bit float
+    KV cache gets TGI's fp8_e4m3fn cache, with the checkpoint's k/v scales; another scheme is
+    refused."""
+    from fixtures.prequantized import build_checkpoint
+
+    model_dir = tmp_path / "ct"
+    build_checkpoint(tiny_llama_dir, model_dir, "compressed-tensors")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {"type": "float", "num_bits": 8}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_scale"] = torch.tensor(0.5)
+    tensors["model.layers.0.self_attn.v_scale"] = torch.tensor(0.25)
+    save_file(tensors, model_dir / "model.safetensors")
     runner = make_runner(model_dir, num_blocks=8)
     assert runner.kv_cache_dtype == torch.float8_e4m3fn
+    assert layer_scales(runner) == [KVScales(0.5, 0.25), KVScales()]
     (model_dir / "config.json").write_text(
-        (model_dir / "config.json").read_text().replace('"float"', '"int"')
+        (model_dir / "config.json")
+        .read_text()
+        .replace('"type": "float", "num_bits": 8}', '"type": "int", "num_bits": 8}')
     )
     with pytest.raises(ModelLoadError, match="kv_cache_scheme"):
         make_runner(model_dir, num_blocks=8)
