@@ -21,6 +21,38 @@ DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
+class LoRAAdapter:
+    """One `--lora-adapters` entry: `id`, `id@revision` (a hub repo) or `id=path` (a directory).
+    `source` is the hub repo id or the directory; requests name the adapter by `id`."""
+
+    id: str
+    source: str
+    revision: str | None = None
+
+
+def parse_lora_adapters(text: str | None) -> tuple[LoRAAdapter, ...]:
+    """TGI's `--lora-adapters` syntax: comma-separated `id`, `id@revision` or `id=path`."""
+    adapters: list[LoRAAdapter] = []
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            adapter_id, path = (s.strip() for s in item.split("=", 1))
+            adapter = LoRAAdapter(adapter_id, path)
+        elif "@" in item:
+            repo, revision = item.split("@", 1)
+            adapter = LoRAAdapter(repo, repo, revision or None)
+        else:
+            adapter = LoRAAdapter(item, item)
+        if not adapter.id or not adapter.source:
+            raise ConfigError(f"--lora-adapters: cannot read the entry '{item}'")
+        if any(a.id == adapter.id for a in adapters):
+            raise ConfigError(f"--lora-adapters: the adapter id '{adapter.id}' is given twice")
+        adapters.append(adapter)
+    return tuple(adapters)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_id: str
     revision: str | None = None
@@ -43,6 +75,8 @@ class ModelConfig:
     # --model-gguf: the GGUF file inside the --model-id directory or hub repo (needed only when
     # it holds several); None: --model-id's only GGUF file, if it is a GGUF model at all
     gguf_file: str | None = None
+    # --lora-adapters, in order (the engine gives the k-th adapter slot k + 1; 0 is the base)
+    lora_adapters: tuple[LoRAAdapter, ...] = ()
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -148,6 +182,7 @@ class CacheInfo:
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
+    lora_adapters: tuple[str, ...] = ()  # the ids of the LoRA adapters the engine loaded
 
 
 @dataclass(frozen=True)

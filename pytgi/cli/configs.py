@@ -22,6 +22,7 @@ from pytgi.config import (
     ParallelConfig,
     SchedulerConfig,
     ServerConfig,
+    parse_lora_adapters,
 )
 from pytgi.errors import ConfigError
 
@@ -48,6 +49,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        lora_adapters=parse_lora_adapters(getattr(args, "lora_adapters", None)),
     )
 
 

@@ -111,6 +111,11 @@ class KVCacheManager:
             return hashes
         bs = self.block_size
         for i in range(len(hashes), num_full):
-            parent = hashes[-1] if hashes else None
+            # a LoRA adapter changes every layer's K/V: its first block chains from the adapter id
+            parent = hashes[-1] if hashes else _root(request)
             hashes.append(hash_block(parent, tuple(request.token_ids(i * bs, (i + 1) * bs))))
         return hashes
+
+
+def _root(request: Request) -> BlockHash | None:
+    return None if request.adapter_id is None else hash(("lora", request.adapter_id))

@@ -21,9 +21,11 @@ from pytgi.config import (
     CacheConfig,
     EngineConfig,
     GrammarConfig,
+    LoRAAdapter,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    parse_lora_adapters,
 )
 from pytgi.engine.engine_core import EngineCore
 from pytgi.engine.outputs import RequestOutput
@@ -56,13 +58,18 @@ class LLM:
         *,
         max_new_tokens: int = 20,
         ignore_eos: bool = False,
+        adapter_ids: str | list[str | None] | None = None,
     ) -> list[GenerationOutput]:
-        """Run every prompt to completion, batched continuously; results in prompt order."""
+        """Run every prompt to completion, batched continuously; results in prompt order.
+        `adapter_ids`: the LoRA adapter of every prompt (one id for all, or one per prompt)."""
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
+        if not isinstance(adapter_ids, list):
+            adapter_ids = [adapter_ids] * len(prompt_list)
         results: dict[str, GenerationOutput] = {}
-        for prompt, sampling in zip(prompt_list, params_list, strict=True):
+        for prompt, sampling, adapter_id in zip(prompt_list, params_list, adapter_ids, strict=True):
             request = self._request(prompt, sampling, max_new_tokens, ignore_eos)
+            request.adapter_id = adapter_id
             results[request.request_id] = GenerationOutput(request.request_id, request.prompt_ids)
             self.core.add_request(request)
         for delta in self._drain():
@@ -137,11 +144,16 @@ def engine_config(
     allow_pickle_weights: bool = False,
     quantize: str | None = None,
     gguf_file: str | None = None,
+    lora_adapters: str | tuple[LoRAAdapter, ...] = (),
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
     `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
-    (True), or off (False: no vocabulary is built; grammar requests fail)."""
+    (True), or off (False: no vocabulary is built; grammar requests fail).
+    `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
+    one with `EngineRequest.adapter_id` (`generate(..., adapter_ids=...)`)."""
+    if isinstance(lora_adapters, str):
+        lora_adapters = parse_lora_adapters(lora_adapters)
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
@@ -156,6 +168,7 @@ def engine_config(
             allow_pickle_weights=allow_pickle_weights,
             quantize=quantize,
             gguf_file=gguf_file,
+            lora_adapters=tuple(lora_adapters),
         ),
         cache=CacheConfig(
             block_size=block_size,

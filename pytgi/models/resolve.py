@@ -9,9 +9,10 @@ local or a hub snapshot (utils/hub.py). Torch-free: the launcher calls it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from pytgi.config import ModelConfig
+from pytgi.config import LoRAAdapter, ModelConfig
 from pytgi.models.gguf.files import find_gguf_file
 from pytgi.models.gguf.prepared import prepared_dir
 from pytgi.utils.hub import resolve_model_dir
@@ -27,3 +28,13 @@ def resolve_model(model: ModelConfig, check_config: Callable[[Path], object] | N
     if check_config is not None:
         check_config(directory)
     return directory
+
+
+ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def resolve_adapter(adapter: LoRAAdapter, model: ModelConfig) -> Path:
+    """A `--lora-adapters` entry's local directory: the given path, or the hub repo's snapshot
+    (its adapter config and safetensors weights, at the entry's revision)."""
+    hub = replace(model, model_id=adapter.source, revision=adapter.revision, gguf_file=None)
+    return resolve_model_dir(hub, allow_patterns=ADAPTER_PATTERNS)

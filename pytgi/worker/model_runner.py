@@ -28,6 +28,7 @@ from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
+from pytgi.layers.lora import LoRABatch
 from pytgi.layers.rotary import RotaryEmbedding
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
@@ -79,6 +80,7 @@ class ModelRunner:
             max_model_len=self.config.model.max_model_len,
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
+        self._load_lora_adapters()
         self.kv_specs = {
             m.layer_name: m.kv_cache_spec()
             for m in self.model.modules()
@@ -90,6 +92,19 @@ class ModelRunner:
             from pytgi.sampling.sampler import Sampler
 
             self.sampler = Sampler(self.spec.vocab_size)
+
+    def _load_lora_adapters(self) -> None:
+        adapters = self.config.model.lora_adapters
+        if not adapters:
+            return
+        from pytgi.models.lora import load_lora_adapters
+        from pytgi.models.resolve import resolve_adapter
+
+        dirs = [(a.id, resolve_adapter(a, self.config.model)) for a in adapters]
+        self.input_builder.lora_slots = load_lora_adapters(
+            self.model, dirs, self.dtype, self.device
+        )
+        logger.info("loaded %d LoRA adapter(s): %s", len(dirs), ", ".join(a.id for a in adapters))
 
     @property
     def bytes_per_block(self) -> int:
@@ -230,7 +245,12 @@ class ModelRunner:
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
         grown = [table.reserve(longest) for table in self.rotary_tables]
-        accelerator = self.accelerator
+        lora = None
+        if inputs.adapter_slots is not None:
+            lora = LoRABatch.from_slots(inputs.adapter_slots)
+        # the decode-step accelerators (fused CPU stack, CUDA graphs) run base weights only: a step
+        # with adapter rows runs layer by layer
+        accelerator = self.accelerator if lora is None else None
         if accelerator is not None:
             if any(grown) and accelerator.captures_steps:
                 self.capture_decode_steps()  # the recorded steps read the old tables
@@ -241,11 +261,11 @@ class ModelRunner:
         fused = None
         if accelerator is not None:
             fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
-        return self._forward_with(inputs.input_ids, inputs.positions, metadata, fused)
+        return self._forward_with(inputs.input_ids, inputs.positions, metadata, fused, lora)
 
-    def _forward_with(self, input_ids, positions, metadata, fused=None) -> torch.Tensor:
+    def _forward_with(self, input_ids, positions, metadata, fused=None, lora=None) -> torch.Tensor:
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
-        with forward_context(metadata, self.kv_caches, fused):
+        with forward_context(metadata, self.kv_caches, fused, lora):
             return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:
