@@ -53,6 +53,17 @@ def parse_lora_adapters(text: str | None) -> tuple[LoRAAdapter, ...]:
 
 
 @dataclass(frozen=True)
+class SpeculatorConfig:
+    """A trained speculator found at `--model-id` (TGI detects it from its config.json): Medusa
+    heads (`medusa_num_heads`) or IBM's MLP speculator (`model_type: mlp_speculator`); the model
+    served is the checkpoint's `base_model_name_or_path`."""
+
+    kind: str  # "medusa" or "mlp_speculator"
+    path: str  # the local directory holding the speculator's config.json and weights
+    num_heads: int  # draft tokens it can propose per step (medusa_num_heads, n_predict)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_id: str
     revision: str | None = None
@@ -77,6 +88,7 @@ class ModelConfig:
     gguf_file: str | None = None
     # --lora-adapters, in order (the engine gives the k-th adapter slot k + 1; 0 is the base)
     lora_adapters: tuple[LoRAAdapter, ...] = ()
+    speculator: SpeculatorConfig | None = None  # trained draft heads (Medusa, MLP speculator)
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -110,7 +122,9 @@ class SchedulerConfig:
     max_batch_total_tokens: int | None = None  # KV budget in tokens; None = from memory
     max_batch_size: int | None = None  # max running requests; None = unbounded (KV-limited)
     enable_chunked_prefill: bool = True
-    num_speculative_tokens: int = 0  # --speculate: n-gram draft tokens verified per decode step
+    num_speculative_tokens: int = 0  # --speculate: draft tokens verified per decode step
+    # drafts come from the workers' trained speculator (ModelOutput.draft_ids), not n-gram lookup
+    model_drafts: bool = False
 
     def __post_init__(self):
         if self.num_speculative_tokens < 0:

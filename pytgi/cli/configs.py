@@ -109,6 +109,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(

@@ -51,6 +51,15 @@ class LLM:
         self.core = EngineCore.from_config(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over a ready EngineConfig (options `engine_config` does not take)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm.core = EngineCore.from_config(config)
+        llm.tokenizer = _load_tokenizer(config.model)
+        return llm
+
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
@@ -154,22 +163,27 @@ def engine_config(
     one with `EngineRequest.adapter_id` (`generate(..., adapter_ids=...)`)."""
     if isinstance(lora_adapters, str):
         lora_adapters = parse_lora_adapters(lora_adapters)
+    model = ModelConfig(
+        model_id=model_id,
+        revision=revision,
+        dtype=dtype,
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
+        allow_pickle_weights=allow_pickle_weights,
+        quantize=quantize,
+        gguf_file=gguf_file,
+        lora_adapters=tuple(lora_adapters),
+    )
+    from pytgi.models.resolve import resolve_speculator
+
+    # a Medusa / MLP-speculator checkpoint: its base model, with its heads drafting
+    model, speculate = resolve_speculator(model, speculate or None)
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
         model_id = demo_model_path()
     return EngineConfig(
-        model=ModelConfig(
-            model_id=model_id,
-            revision=revision,
-            dtype=dtype,
-            implementation=implementation,
-            trust_remote_code=trust_remote_code,
-            allow_pickle_weights=allow_pickle_weights,
-            quantize=quantize,
-            gguf_file=gguf_file,
-            lora_adapters=tuple(lora_adapters),
-        ),
+        model=model,
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,
@@ -179,7 +193,8 @@ def engine_config(
             max_batch_prefill_tokens=max_batch_prefill_tokens,
             max_batch_total_tokens=max_batch_total_tokens,
             max_batch_size=max_batch_size,
-            num_speculative_tokens=speculate,
+            num_speculative_tokens=speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard),

@@ -133,3 +133,38 @@ def test_unsupported_adapters_are_refused(lora_dirs, tmp_path, change, message):
     )
     with pytest.raises(ModelLoadError, match=message):
         LLM(str(base), lora_adapters=f"bad={tmp_path}", num_blocks=16)
+
+
+@pytest.mark.tp
+def test_tensor_parallel_adapters_match_one_shard(lora_dirs):
+    """Two gloo ranks (A and B sharded as TGI shards them) give the one-process tokens."""
+    import dataclasses
+    import socket
+
+    from pytgi.config import ParallelConfig
+    from pytgi.engine.llm import engine_config
+
+    base, adapters = lora_dirs
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = ",".join(f"{k}={d}" for k, d in adapters.items())
+    config = engine_config(str(base), lora_adapters=spec, num_blocks=64, num_threads=1)
+    config = dataclasses.replace(config, parallel=ParallelConfig(num_shard=2, master_port=port))
+    requests = [
+        (None, prompt(9, 21)),
+        *((a, prompt(6 + i, 30 + i)) for i, a in enumerate(adapters)),
+    ]
+    ids, adapter_ids = [i for _, i in requests], [a for a, _ in requests]
+    refs = {None: load_hf(base), **{k: merged_model(base, d) for k, d in adapters.items()}}
+    llm = LLM.from_config(config)
+    try:
+        outs = llm.generate(
+            ids, max_new_tokens=NEW_TOKENS, ignore_eos=True, adapter_ids=adapter_ids
+        )
+    finally:
+        llm.close()
+    for out, (a, i) in zip(outs, requests, strict=True):
+        tokens, logprobs = greedy(refs[a], i)
+        assert out.token_ids == tokens
+        assert out.logprobs == pytest.approx(logprobs, abs=2e-3)
