@@ -141,3 +141,21 @@ def test_sampling_keeps_the_target_distribution(base, tmp_path):
     assert set(seconds) <= set(probs)
     chi2 = sum((seconds.get(t, 0) - n * p) ** 2 / (n * p) for t, p in probs.items())
     assert chi2 < 16.27, (chi2, seconds, probs)  # 3 degrees of freedom, p = 0.001
+
+
+def test_a_speculator_with_several_shards_is_refused(base, tmp_path):
+    """pytgi runs the heads on one rank: --num-shard > 1 with a speculator fails at load."""
+    from dataclasses import replace
+
+    from pytgi.config import EngineConfig
+    from pytgi.distributed.parallel_state import TPInfo
+    from pytgi.worker.model_runner import ModelRunner
+
+    model, _ = resolve_speculator(
+        ModelConfig(model_id=str(make_medusa(base, tmp_path / "m"))), None
+    )
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.config = EngineConfig(model=model)
+    runner.tp = replace(TPInfo(0, 1), world_size=2)
+    with pytest.raises(ConfigError, match="one shard only"):
+        runner._load_speculator()
