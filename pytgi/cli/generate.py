@@ -6,7 +6,12 @@ import argparse
 import sys
 from functools import partial
 
-from pytgi.cli.flags import MODEL_FLAGS, QUANTIZE_FLAG, Flag, add_flags
+from pytgi.cli.flags import (
+    MODEL_FLAGS,
+    QUANTIZE_FLAG,
+    Flag,
+    add_flags,
+)
 
 GENERATE_FLAGS = [
     Flag("--max-new-tokens", "Tokens to generate", int, 64),
@@ -31,8 +36,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_params(args: argparse.Namespace):
-    from pytgi.engine.sampling_params import SamplingParams
     from pytgi.errors import ValidationError
+    from pytgi.messages.sampling_params import SamplingParams
 
     temperature = 1.0 if args.temperature is None else args.temperature
     if temperature <= 0:
@@ -59,15 +64,15 @@ def run_generate(args: argparse.Namespace) -> int:
     envs.set_default_threading_env()
     from pytgi.cli.configs import check_quantize, model_config
     from pytgi.cli.preflight import check_model_config, check_model_dir
-    from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
     from pytgi.models.resolve import resolve_model
+    from pytgi.runtime.llm import LLM
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
 
     try:
         params = sampling_params(args)
         model = model_config(args)
-        check_quantize(model.quantize, model.dtype)
+        check_quantize(model.quantize, model.dtype, activations=model.quantize_activations)
         checks = {
             "implementation": model.implementation,
             "trust_remote_code": model.trust_remote_code,

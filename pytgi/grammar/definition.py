@@ -14,7 +14,7 @@ import llguidance
 from pytgi.config import GrammarConfig
 
 if TYPE_CHECKING:  # the spec type lives with the engine's parameters
-    from pytgi.engine.sampling_params import GrammarSpec
+    from pytgi.messages.sampling_params import GrammarSpec
 
 # JSON is written the way json.dumps writes it: `{"a": 1, "b": [2, 3]}`. A fixed layout keeps a
 # weak model from emitting whitespace forever (free whitespace is an endless-loop trap) and costs
@@ -50,7 +50,10 @@ def parser_limits(config: GrammarConfig) -> llguidance.LLParserLimits:
 
 def grammar_definition(spec: GrammarSpec, config: GrammarConfig) -> str:
     """The llguidance grammar (its JSON form) for `spec`; raises GrammarError."""
-    size = len(spec.value.encode("utf-8"))
+    try:
+        size = len(spec.value.encode("utf-8"))
+    except UnicodeEncodeError:  # the HTTP routes refuse these bodies; the offline API may not
+        raise GrammarError("the grammar holds a lone UTF-16 surrogate (not valid UTF-8)") from None
     if size > config.max_grammar_bytes:
         raise GrammarError(
             f"the grammar is {size} bytes long, more than the limit of {config.max_grammar_bytes}"

@@ -93,7 +93,9 @@ class ServerContext:
             kv_cache={
                 "num_blocks": cache.num_blocks,
                 "block_size": cache.block_size,
-                "dtype": cache.dtype,
+                "dtype": cache.kv_cache_dtype or cache.dtype,
+                "model_dtype": cache.dtype,
+                "bytes_per_token": cache.kv_bytes_per_token,
                 "device": cache.device,
             },
             **({"lora_adapters": list(self.lora_adapters)} if self.lora_adapters else {}),

@@ -12,13 +12,13 @@ sample and to report prompt logprobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pytgi.backends.base import AttentionBatch
-from pytgi.engine.outputs import SchedulerOutput
+from pytgi.messages.outputs import SchedulerOutput
 from pytgi.sampling.metadata import SampleRow
 from pytgi.worker.request_states import RequestStates
 
@@ -33,6 +33,10 @@ class ForwardInputs:
     # [T] int64 on the device: each token's LoRA adapter slot (0: the base model); None when no
     # row of the step runs an adapter
     adapter_slots: torch.Tensor | None = None
+    # rank 0 only (never sent to other ranks): each request's first flat row, and a
+    # vision-language model's input embeddings [T, hidden] with its images merged
+    flat_starts: dict[str, int] = field(default_factory=dict)
+    inputs_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -148,6 +152,7 @@ class InputBuilder:
                 (flat_start[r.request_id], len(r.target_ids)) for r in plan.logprob_requests
             ],
             adapter_slots=adapter_slots,
+            flat_starts=flat_start,
         )
         return inputs, plan
 

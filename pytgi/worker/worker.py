@@ -17,8 +17,8 @@ from pytgi.backends.selector import select_platform
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.comm import tp_barrier, tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
-from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import ModelLoadError, PytgiError
+from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 from pytgi.worker.model_runner import ModelRunner
 from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
@@ -102,6 +102,9 @@ class Worker:
             max_position_embeddings=max_position,
             dtype=str(self.runner.dtype).removeprefix("torch."),
             device=self.platform.name,
+            kv_cache_dtype=str(self.runner.kv_cache_dtype).removeprefix("torch."),
+            kv_bytes_per_token=self.runner.bytes_per_block // block_size,
+            sliding_window=self.runner.sliding_window,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
             lora_adapters=tuple(self.runner.input_builder.lora_slots),

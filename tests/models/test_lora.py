@@ -11,8 +11,8 @@ from fixtures.lora_adapters import ADAPTERS, make_adapter, merged_model
 from models.runner_utils import load_hf, prompt
 
 from pytgi.config import LoRAAdapter, parse_lora_adapters
-from pytgi.engine.llm import LLM
 from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 12
 
@@ -142,7 +142,7 @@ def test_tensor_parallel_adapters_match_one_shard(lora_dirs):
     import socket
 
     from pytgi.config import ParallelConfig
-    from pytgi.engine.llm import engine_config
+    from pytgi.runtime.build import engine_config
 
     base, adapters = lora_dirs
     with socket.socket() as s:

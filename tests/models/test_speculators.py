@@ -14,11 +14,11 @@ from fixtures.speculators import make_medusa, make_mlp_speculator
 from models.runner_utils import prompt
 
 from pytgi.config import ModelConfig
-from pytgi.engine.llm import LLM
-from pytgi.engine.sampling_params import SamplingParams
 from pytgi.errors import ConfigError
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.models.resolve import resolve_speculator
 from pytgi.models.speculators import MLPSpeculator
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 16
 

@@ -16,21 +16,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from pytgi import envs
-from pytgi.config import (
-    CacheConfig,
-    EngineConfig,
-    GrammarConfig,
-    LoRAAdapter,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    parse_lora_adapters,
-)
-from pytgi.engine.engine_core import EngineCore
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import EngineRequest, FinishReason
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.config import EngineConfig, ModelConfig
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import EngineRequest, FinishReason
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
+from pytgi.runtime.build import build_engine_core, engine_config
 
 
 @dataclass
@@ -48,7 +38,7 @@ class GenerationOutput:
 class LLM:
     def __init__(self, model_id: str | None = None, **options):
         self.config = engine_config(model_id, **options)
-        self.core = EngineCore.from_config(self.config)
+        self.core = build_engine_core(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
 
     @classmethod
@@ -56,7 +46,7 @@ class LLM:
         """An LLM over a ready EngineConfig (options `engine_config` does not take)."""
         llm = cls.__new__(cls)
         llm.config = config
-        llm.core = EngineCore.from_config(config)
+        llm.core = build_engine_core(config)
         llm.tokenizer = _load_tokenizer(config.model)
         return llm
 
@@ -75,10 +65,17 @@ class LLM:
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
         if not isinstance(adapter_ids, list):
             adapter_ids = [adapter_ids] * len(prompt_list)
+        requests = [
+            replace(self._request(prompt, sampling, max_new_tokens, ignore_eos), adapter_id=adapter)
+            for prompt, sampling, adapter in zip(prompt_list, params_list, adapter_ids, strict=True)
+        ]
+        return self.run(requests)
+
+    def run(self, requests: list[EngineRequest]) -> list[GenerationOutput]:
+        """Run engine requests (e.g. with images: `EngineRequest.multimodal_inputs`) to
+        completion, batched continuously; results in request order."""
         results: dict[str, GenerationOutput] = {}
-        for prompt, sampling, adapter_id in zip(prompt_list, params_list, adapter_ids, strict=True):
-            request = self._request(prompt, sampling, max_new_tokens, ignore_eos)
-            request.adapter_id = adapter_id
+        for request in requests:
             results[request.request_id] = GenerationOutput(request.request_id, request.prompt_ids)
             self.core.add_request(request)
         for delta in self._drain():
@@ -131,76 +128,6 @@ def _apply(out: GenerationOutput, delta: RequestOutput) -> None:
     if delta.finished:
         out.finish_reason = delta.finish_reason
         out.num_cached_tokens = delta.num_cached_tokens
-
-
-def engine_config(
-    model_id: str | None = None,
-    *,
-    dtype: str | None = None,
-    revision: str | None = None,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    enable_prefix_caching: bool = True,
-    max_batch_prefill_tokens: int = 4096,
-    max_batch_total_tokens: int | None = None,
-    max_batch_size: int | None = None,
-    num_shard: int = 1,
-    num_threads: int | None = None,
-    speculate: int = 0,
-    grammar: GrammarConfig | bool = True,
-    implementation: str = "auto",
-    trust_remote_code: bool = False,
-    allow_pickle_weights: bool = False,
-    quantize: str | None = None,
-    gguf_file: str | None = None,
-    lora_adapters: str | tuple[LoRAAdapter, ...] = (),
-) -> EngineConfig:
-    """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
-
-    `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
-    (True), or off (False: no vocabulary is built; grammar requests fail).
-    `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
-    one with `EngineRequest.adapter_id` (`generate(..., adapter_ids=...)`)."""
-    if isinstance(lora_adapters, str):
-        lora_adapters = parse_lora_adapters(lora_adapters)
-    model = ModelConfig(
-        model_id=model_id,
-        revision=revision,
-        dtype=dtype,
-        implementation=implementation,
-        trust_remote_code=trust_remote_code,
-        allow_pickle_weights=allow_pickle_weights,
-        quantize=quantize,
-        gguf_file=gguf_file,
-        lora_adapters=tuple(lora_adapters),
-    )
-    from pytgi.models.resolve import resolve_speculator
-
-    # a Medusa / MLP-speculator checkpoint: its base model, with its heads drafting
-    model, speculate = resolve_speculator(model, speculate or None)
-    if model_id is None:
-        from pytgi.demo_model import demo_model_path
-
-        model_id = demo_model_path()
-    return EngineConfig(
-        model=model,
-        cache=CacheConfig(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_batch_prefill_tokens=max_batch_prefill_tokens,
-            max_batch_total_tokens=max_batch_total_tokens,
-            max_batch_size=max_batch_size,
-            num_speculative_tokens=speculate or 0,
-            model_drafts=model.speculator is not None,
-        ),
-        grammar=GrammarConfig() if grammar is True else grammar or None,
-        parallel=ParallelConfig(num_shard=num_shard),
-        device=envs.device_config(),
-        num_threads=num_threads,
-    )
 
 
 def _load_tokenizer(model: ModelConfig):
