@@ -1,8 +1,8 @@
 """deploy/k8s: the core objects validate offline against the Kubernetes schemas
-(kubernetes-validate,
-strict: unknown fields fail); the PodMonitor (a prometheus-operator CRD, whose schema that package
-does not carry) and the prometheus-adapter rule are checked field by field; the container's args
-parse with pytgi's own launcher flags and the grace period covers the drain."""
+(kubernetes-validate, strict: unknown fields fail); the PodMonitor (a prometheus-operator CRD,
+whose schema that package does not carry) and the prometheus-adapter rule are checked field by
+field; the container's args parse with pytgi's own launcher flags and the grace period covers the
+drain."""
 
 from __future__ import annotations
 
