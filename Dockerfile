@@ -3,7 +3,11 @@
 # entrypoint `text-generation-launcher`, root, port 80 inside (PORT), the hub cache on the /data
 # volume (HF_HOME), SIGTERM drains in-flight requests (--graceful-termination-timeout, default 90 s:
 # give `docker stop -t 95`). Beyond TGI: a HEALTHCHECK on /health.
-FROM python:3.11-slim-bookworm
+# BASE_IMAGE: any Debian bookworm with python3.11 as `python` and `pip` (the default is Docker's);
+# TORCH_PIP_ARGS: where torch's CPU wheel comes from.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 
 # g++ builds the CPU kernels below; torch's extension loader also checks the compiler when it loads
 # the prebuilt module at start-up, so the compiler stays in the image.
@@ -21,7 +25,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/pytgi/src
 # torch's CPU-only wheel first (the default index would pull the CUDA one)
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+RUN pip install torch==2.13.0 ${TORCH_PIP_ARGS}
 COPY pyproject.toml README.md ./
 COPY pytgi ./pytgi
 RUN pip install .
