@@ -81,6 +81,17 @@ def check_quantize(
     activations_for(quantize, activations)
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str | None, platform: str) -> None:
+    """An fp8 cache on CUDA is refused before anything loads: pytgi's Triton attention reads
+    16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
+    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8") and platform != "cpu":
+        raise ConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {platform} by pytgi (its "
+            "attention kernels there read bfloat16/float16/float32 caches; PYTGI_DEVICE=cpu "
+            "serves fp8 caches)"
+        )
+
+
 def num_shard(args: argparse.Namespace) -> int:
     """TGI's (sharded, num_shard) resolution; on CPU the visible device count is 1."""
     sharded, n = args.sharded, args.num_shard
@@ -102,6 +113,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         args.quantize, args.dtype, expected_platform(device_config(args)),
         model.quantize_activations,
     )  # fmt: skip
+    check_kv_cache_dtype(args.kv_cache_dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -110,6 +122,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             memory_fraction=args.kv_cache_memory_fraction,
             max_kv_cache_bytes=args.max_kv_cache_bytes,
             enable_prefix_caching=not args.disable_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, GrammarConfig
 from pytgi.router.images.config import ImageConfig
 
 
@@ -147,7 +147,12 @@ ENGINE_FLAGS = [
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
     QUANTIZE_ACTIVATIONS_FLAG,
-    Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
+    Flag(
+        "--kv-cache-dtype",
+        "KV cache storage dtype (default: the model dtype). TGI's fp8_e4m3fn (per-layer k/v "
+        "scales from the checkpoint, else 1.0) and fp8_e5m2, and pytgi's bfloat16 and float16",
+        choices=KV_CACHE_DTYPES,
+    ),  # fmt: skip
     Flag(
         "--cuda-graphs",
         "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "

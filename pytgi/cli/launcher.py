@@ -83,8 +83,9 @@ def start_engine_and_router(args: argparse.Namespace):
     engine = MultiprocEngineClient.start(engine_cfg, build_engine_core, json_logs=args.json_output)
     cache = engine.cache_info
     logger.info(
-        "Engine ready in %.2fs: %d KV blocks of %d tokens, dtype %s on %s",
-        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.dtype, cache.device,
+        "Engine ready in %.2fs: %d KV blocks of %d tokens (%s cache), dtype %s on %s",
+        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.kv_cache_dtype,
+        cache.dtype, cache.device,
     )  # fmt: skip
     try:
         limits = configs.limits_config(args, cache, tokenizer.model_max_length)

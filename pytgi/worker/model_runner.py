@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from pytgi.backends.base import KVCache, KVCacheSpec, Platform
+from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.layers.attention import Attention
@@ -78,6 +78,7 @@ class ModelRunner:
             kernels=self.platform.kernels_for(self.dtype),
             attention=self.attention,
             dtype=self.dtype,
+            kv_cache_dtype=KV_CACHE_TORCH_DTYPES.get(self.config.cache.kv_cache_dtype),
             max_model_len=self.config.model.max_model_len,
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
@@ -87,7 +88,7 @@ class ModelRunner:
             if isinstance(m, Attention)
         }
         self.rotary_tables = [m for m in self.model.modules() if isinstance(m, RotaryEmbedding)]
-        self.accelerator = self.platform.decode_accelerator(self.model, self.dtype)
+        self.accelerator = self.platform.decode_accelerator(self.model, self.kv_cache_dtype)
         if is_multimodal(self.model):
             self._set_up_multimodal()
         if self.tp.is_first_rank:
@@ -109,6 +110,21 @@ class ModelRunner:
         self.accelerator = None
         self.multimodal = MultimodalStep(self.model)
         logger.info("multimodal model: images are encoded by its vision tower")
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The caches' storage dtype (every layer's: one --kv-cache-dtype for the model)."""
+        dtypes = {spec.dtype for spec in self.kv_specs.values()}
+        return dtypes.pop() if len(dtypes) == 1 else self.dtype
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window when every attention layer has one (the scheduler frees blocks
+        below it), else None."""
+        windows = [spec.sliding_window for spec in self.kv_specs.values()]
+        if not windows or None in windows:
+            return None
+        return max(windows)
 
     @property
     def bytes_per_block(self) -> int:
@@ -189,7 +205,7 @@ class ModelRunner:
         num_blocks = budget // self.bytes_per_block
         logger.info(
             "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
-            "GiB per rank = %d blocks of %d tokens (%d bytes each)",
+            "GiB per rank = %d blocks of %d tokens (%d bytes each, %s)",
             available / 2**30,
             grammars / 2**30,
             cache.memory_fraction,
@@ -198,6 +214,7 @@ class ModelRunner:
             num_blocks,
             self.block_size,
             self.bytes_per_block,
+            str(self.kv_cache_dtype).removeprefix("torch."),
         )
         return num_blocks
 
