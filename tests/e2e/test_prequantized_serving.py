@@ -78,6 +78,7 @@ def launcher(*args: str) -> subprocess.CompletedProcess:
         ({"quant_method": "awq", "version": "gemm"}, ["--quantize", "gptq"],
          "--quantize gptq does not match"),
         (None, ["--quantize", "awq"], "--quantize awq needs a checkpoint already quantized"),
+        ({"quant_method": "gptq"}, ["--dtype", "bfloat16"], "use --dtype float32"),
     ],
 )  # fmt: skip
 def test_refused_checkpoints_end_the_launcher_in_one_line(

@@ -38,7 +38,9 @@ from pytgi.layers.quantization.quantized_weight import CodebookWeight
 
 logger = logging.getLogger(__name__)
 
-KV_SCALES = ("k_scale", "v_scale", "q_scale", "kv_scale")  # kv_cache_scheme: not applied on CPU
+# attention query scales of an fp8 attention scheme: not applied (the KV-cache scales, k_scale /
+# v_scale / kv_scale, pass through to the loader, which hands them to the attention layers)
+DROPPED = ("q_scale",)
 
 
 class PrequantizedTensors:
@@ -55,10 +57,9 @@ class PrequantizedTensors:
             if module in marked and part in fmt.parts:
                 self.parts[module].add(part)
         self._names = names
-        dropped = [n for n in names if _split(n)[1] in KV_SCALES]
+        dropped = [n for n in names if _split(n)[1] in DROPPED]
         if dropped:
-            logger.info("%d KV-cache scales are not applied: the KV cache keeps the model dtype",
-                        len(dropped))  # fmt: skip
+            logger.info("%d attention query scales (q_scale) are not applied", len(dropped))
 
     @property
     def modules(self) -> set[str]:
@@ -69,7 +70,7 @@ class PrequantizedTensors:
         out, seen = [], set()
         for name in self._names:
             module, part = _split(name)
-            if part in KV_SCALES:
+            if part in DROPPED:
                 continue
             if module in self.parts and part in self.parts[module]:
                 if module not in seen:
@@ -83,7 +84,7 @@ class PrequantizedTensors:
         pending: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
         for name, tensor in stream:
             module, part = _split(name)
-            if part in KV_SCALES:
+            if part in DROPPED:
                 continue
             if module not in self.parts or part not in self.parts[module]:
                 yield name, tensor
