@@ -113,6 +113,7 @@ class EngineCore:
         stats.num_aborts = scheduler.num_aborts
         stats.num_draft_tokens = scheduler.num_draft_tokens
         stats.num_accepted_draft_tokens = scheduler.num_accepted_draft_tokens
+        stats.num_draft_steps = scheduler.num_draft_steps
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:

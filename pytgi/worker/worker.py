@@ -107,6 +107,7 @@ class Worker:
             sliding_window=self.runner.sliding_window,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
+            lora_adapters=tuple(self.runner.input_builder.lora_slots),
         )
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:

@@ -38,9 +38,10 @@ from pytgi.layers.quantization.quantized_weight import CodebookWeight
 
 logger = logging.getLogger(__name__)
 
-# attention query scales of an fp8 attention scheme: not applied (the KV-cache scales, k_scale /
-# v_scale / kv_scale, pass through to the loader, which hands them to the attention layers)
-DROPPED = ("q_scale",)
+# attention-output scales of a kv_cache_scheme checkpoint: q_scale has no use here (dropped); the
+# KV ones pass through to the loader, which gives them to the attention layers (an fp8_e4m3fn
+# cache applies them, as TGI does)
+DROPPED_SCALES = ("q_scale",)
 
 
 class PrequantizedTensors:
@@ -57,9 +58,9 @@ class PrequantizedTensors:
             if module in marked and part in fmt.parts:
                 self.parts[module].add(part)
         self._names = names
-        dropped = [n for n in names if _split(n)[1] in DROPPED]
+        dropped = [n for n in names if _split(n)[1] in DROPPED_SCALES]
         if dropped:
-            logger.info("%d attention query scales (q_scale) are not applied", len(dropped))
+            logger.info("%d attention q_scale tensors are not applied", len(dropped))
 
     @property
     def modules(self) -> set[str]:
@@ -70,7 +71,7 @@ class PrequantizedTensors:
         out, seen = [], set()
         for name in self._names:
             module, part = _split(name)
-            if part in DROPPED:
+            if part in DROPPED_SCALES:
                 continue
             if module in self.parts and part in self.parts[module]:
                 if module not in seen:
@@ -84,7 +85,7 @@ class PrequantizedTensors:
         pending: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
         for name, tensor in stream:
             module, part = _split(name)
-            if part in DROPPED:
+            if part in DROPPED_SCALES:
                 continue
             if module not in self.parts or part not in self.parts[module]:
                 yield name, tensor
