@@ -78,7 +78,7 @@ def start_engine_and_router(args: argparse.Namespace):
     )
     plan = preflight.check_model_dir(
         model_dir, allow_pickle_weights=model.allow_pickle_weights, quantize=model.quantize,
-        **checks,
+        dtype=model.dtype, **checks,
     )  # fmt: skip
     logger.info("Serving %s", plan.description)
     resolved = replace(model, model_id=str(model_dir), gguf_file=None)
