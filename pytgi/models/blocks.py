@@ -30,6 +30,7 @@ from pytgi.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from pytgi.layers.moe.block import SparseMoeBlock
 from pytgi.layers.norm import LayerNorm, RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import ApplyRotary
@@ -206,6 +207,27 @@ class MLP(nn.Module):
         return up | down
 
 
+def make_attention(
+    spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+) -> nn.Module:
+    if spec.mla is not None:
+        from pytgi.models.mla import LatentAttentionBlock
+
+        return LatentAttentionBlock(spec, layer_idx, quant_config, prefix)
+    return DecoderAttention(spec, layer_idx, quant_config, prefix)
+
+
+def make_mlp(
+    spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+) -> nn.Module:
+    """Layer `layer_idx`'s MLP: the sparse MoE block where the spec's MoE config says so, else
+    the dense gated or plain MLP (of `intermediate_size`)."""
+    if spec.moe is not None and spec.moe.is_sparse(layer_idx):
+        return SparseMoeBlock(spec.moe, spec.hidden_size, quant_config, prefix)
+    mlp_class = GatedMLP if spec.mlp_gated else MLP
+    return mlp_class(spec, quant_config, prefix)
+
+
 class DecoderLayer(nn.Module):
     """One layer; the residual stream is carried separately so each norm fuses the add: a layer
     maps (hidden, residual) to the same, the stream being their sum (residual None: hidden is
@@ -217,9 +239,8 @@ class DecoderLayer(nn.Module):
     ):
         super().__init__()
         self.block = spec.block
-        self.self_attn = DecoderAttention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
-        mlp_class = GatedMLP if spec.mlp_gated else MLP
-        self.mlp = mlp_class(spec, quant_config, f"{prefix}.mlp")
+        self.self_attn = make_attention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
+        self.mlp = make_mlp(spec, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = make_norm(spec)
         if self.block in (SEQUENTIAL, SANDWICH):
             self.post_attention_layernorm = make_norm(spec)

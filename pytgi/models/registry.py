@@ -51,6 +51,11 @@ _MODELS: dict[str, ModelEntry] = {
     "GPT2LMHeadModel": ModelEntry("gpt2", "GPT2LMHeadModel"),
     "GPTBigCodeForCausalLM": ModelEntry("gpt2", "GPTBigCodeForCausalLM"),  # StarCoder 1
     "GPTJForCausalLM": ModelEntry("gptj", "GPTJForCausalLM"),
+    "MixtralForCausalLM": ModelEntry("moe_families", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"o_bias": False}),
+    "Qwen3MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"qk_norm": True}),
+    "DeepseekV2ForCausalLM": ModelEntry("deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ModelEntry("deepseek", "DeepseekV3ForCausalLM"),
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
 }

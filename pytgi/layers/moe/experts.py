@@ -1,0 +1,92 @@
+"""The routed experts of one MoE layer, stacked, run as grouped matmuls.
+
+Weights (this rank's slice of every expert, split over the intermediate dimension as TGI does):
+`w13_weight` [E, 2 * I / tp, hidden] (each expert's gate rows, then its up rows) and `w2_weight`
+[E, hidden, I / tp]; the output is this rank's partial sum, all-reduced here. The checkpoint's
+per-expert tensors load through `weight_loader(param, tensor, shard_id, expert_id)` with shard
+ids "w1" (gate), "w3" (up), "w2" (down); a checkpoint whose experts are stacked already (DBRX)
+loads whole stacks through `load_stacked`.
+
+Execution: the T * k (token, expert) pairs are sorted by expert, so each active expert runs one
+matmul over its contiguous rows (no per-token Python loop), and the weighted rows are summed
+back into their tokens with one `index_add_`. Only the active experts' weights are read.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pytgi.distributed.comm import tp_all_reduce
+from pytgi.distributed.parallel_state import get_tp_info
+from pytgi.errors import ModelLoadError
+from pytgi.layers.activation import get_activation
+from pytgi.layers.linear import divide, load_part
+from pytgi.layers.quantization.base import set_weight_attrs
+
+GATE, UP, DOWN = "w1", "w3", "w2"
+
+
+class FusedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, act: str):
+        super().__init__()
+        self.tp = get_tp_info()
+        self.num_experts = num_experts
+        self.intermediate = divide(
+            intermediate_size, self.tp.world_size, "expert intermediate size"
+        )
+        dtype = torch.get_default_dtype()
+        self.w13_weight = nn.Parameter(
+            torch.empty(num_experts, 2 * self.intermediate, hidden_size, dtype=dtype),
+            requires_grad=False,
+        )
+        self.w2_weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, self.intermediate, dtype=dtype),
+            requires_grad=False,
+        )
+        for param in (self.w13_weight, self.w2_weight):
+            set_weight_attrs(param, weight_loader=self.weight_loader)
+        self.act_fn = get_activation(act, gated=True)
+
+    def weight_loader(self, param, loaded: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        """One expert's full checkpoint tensor: gate / up [I, hidden], down [hidden, I]."""
+        rank, world = self.tp.rank, self.tp.world_size
+        size = self.intermediate
+        if shard_id == DOWN:
+            load_part(param.data[expert_id], loaded, 1, rank, world)
+        elif shard_id in (GATE, UP):
+            offset = 0 if shard_id == GATE else size
+            load_part(param.data[expert_id].narrow(0, offset, size), loaded, 0, rank, world)
+        else:
+            raise ModelLoadError(f"unknown expert shard '{shard_id}'")
+
+    def load_stacked(self, param, loaded: torch.Tensor, shard_id: str) -> None:
+        """Every expert's tensor at once: [E, I, hidden] (gate, up) or [E, hidden, I] (down)."""
+        if loaded.shape[0] != self.num_experts:
+            raise ModelLoadError(
+                f"checkpoint shape {tuple(loaded.shape)}: expected {self.num_experts} experts"
+            )
+        for expert_id in range(self.num_experts):
+            self.weight_loader(param, loaded[expert_id], shard_id, expert_id)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden], weights [T, k] (fp32), ids [T, k] -> [T, hidden]: sum over each
+        token's k experts of weight * down(act(gate(x)) * up(x))."""
+        top_k = ids.shape[1]
+        flat = ids.flatten()  # [T * k]
+        order = flat.argsort(stable=True)  # pairs grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // top_k  # [T * k]: the token of each sorted pair
+        rows = x.index_select(0, tokens)  # [T * k, hidden]
+        out = torch.empty_like(rows)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            end = start + count
+            h = self.act_fn(rows[start:end] @ self.w13_weight[expert].t())  # [n, I]
+            torch.matmul(h, self.w2_weight[expert].t(), out=out[start:end])  # [n, hidden]
+            start = end
+        out = out * weights.flatten()[order].to(out.dtype).unsqueeze(1)
+        result = torch.zeros_like(x).index_add_(0, tokens, out)  # [T, hidden]
+        return tp_all_reduce(result) if self.tp.world_size > 1 else result
