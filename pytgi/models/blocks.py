@@ -93,6 +93,7 @@ class DecoderAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
+        self.qkv_clip = spec.qkv_clip
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:
             self.q_norm = make_norm(spec, spec.head_dim)
@@ -120,6 +121,8 @@ class DecoderAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
+        if self.qkv_clip is not None:
+            qkv = qkv.clamp(-self.qkv_clip, self.qkv_clip)
         q, k = qkv[:, :h], qkv[:, h : h + kvh]  # [T, H, D], [T, KVH, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)

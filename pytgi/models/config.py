@@ -110,6 +110,7 @@ class DecoderSpec(ModelSpec):
     qkv_bias: bool = field(default=False, metadata=FEATURE)
     o_bias: bool = field(default=False, metadata=FEATURE)
     mlp_bias: bool = field(default=False, metadata=FEATURE)
+    qkv_clip: float | None = field(default=None, metadata=FEATURE)  # DBRX: q/k/v clamped to +-c
     qk_norm: bool = field(default=False, metadata=FEATURE)  # per-head q/k RMSNorm (Qwen3, Gemma 3)
     # how a checkpoint that stores q/k/v as one tensor orders it: "concat" [q | k | v], or
     # "grouped" per KV head [its query heads | k | v] (Falcon, GPT-BigCode without MQA)

@@ -54,6 +54,8 @@ _MODELS: dict[str, ModelEntry] = {
     "MixtralForCausalLM": ModelEntry("moe_families", "MixtralForCausalLM"),
     "Qwen2MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"o_bias": False}),
     "Qwen3MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"qk_norm": True}),
+    "PhimoeForCausalLM": ModelEntry("moe_families", "PhimoeForCausalLM"),  # Phi-3.5-MoE
+    "DbrxForCausalLM": ModelEntry("moe_families", "DbrxForCausalLM"),
     "DeepseekV2ForCausalLM": ModelEntry("deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ModelEntry("deepseek", "DeepseekV3ForCausalLM"),
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi

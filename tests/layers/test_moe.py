@@ -258,3 +258,14 @@ def test_bad_router_config_is_refused():
         MoEConfig(num_experts=4, top_k=5, intermediate_size=8)
     with pytest.raises(ModelLoadError, match="grouping"):
         MoEConfig(num_experts=6, top_k=2, intermediate_size=8, num_groups=4)
+
+
+@torch.no_grad()
+def test_dbrx_router_divides_by_the_p_norm():
+    from transformers.models.dbrx.modeling_dbrx import DbrxRouter
+
+    router = _randomize(DbrxRouter(HIDDEN, 6, 3, None, moe_normalize_expert_weights=2.0))
+    moe = MoEConfig(num_experts=6, top_k=3, intermediate_size=8, renormalize_p=2.0)
+    x = torch.randn(1, 11, HIDDEN)
+    _, weights, ids = router(x)
+    _assert_same_routing(select_experts(x[0] @ router.layer.weight.t(), moe), (weights, ids))

@@ -36,6 +36,7 @@ class MoEConfig:
     hidden_act: str = "silu"
     router: str = SOFTMAX_TOPK
     renormalize: bool = True
+    renormalize_p: float = 1.0  # the top-k weights are divided by their p-norm (DBRX sets p)
     scaling_factor: float = 1.0
     num_groups: int = 1
     topk_groups: int = 1

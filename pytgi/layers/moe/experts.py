@@ -4,8 +4,9 @@ Weights (this rank's slice of every expert, split over the intermediate dimensio
 `w13_weight` [E, 2 * I / tp, hidden] (each expert's gate rows, then its up rows) and `w2_weight`
 [E, hidden, I / tp]; the output is this rank's partial sum, all-reduced here. The checkpoint's
 per-expert tensors load through `weight_loader(param, tensor, shard_id, expert_id)` with shard
-ids "w1" (gate), "w3" (up), "w2" (down); a checkpoint whose experts are stacked already (DBRX)
-loads whole stacks through `load_stacked`.
+ids "w1" (gate), "w3" (up), "w2" (down); a checkpoint whose experts are stacked already (DBRX:
+[E * I, hidden] each, its down projection transposed: shard id "w2_t") loads with expert_id
+None.
 
 Execution: the T * k (token, expert) pairs are sorted by expert, so each active expert runs one
 matmul over its contiguous rows (no per-token Python loop), and the weighted rows are summed
@@ -25,6 +26,7 @@ from pytgi.layers.linear import divide, load_part
 from pytgi.layers.quantization.base import set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
+DOWN_TRANSPOSED = "w2_t"  # a stacked down projection stored [E * I, hidden] (DBRX)
 
 
 class FusedExperts(nn.Module):
@@ -48,8 +50,14 @@ class FusedExperts(nn.Module):
             set_weight_attrs(param, weight_loader=self.weight_loader)
         self.act_fn = get_activation(act, gated=True)
 
-    def weight_loader(self, param, loaded: torch.Tensor, shard_id: str, expert_id: int) -> None:
-        """One expert's full checkpoint tensor: gate / up [I, hidden], down [hidden, I]."""
+    def weight_loader(
+        self, param, loaded: torch.Tensor, shard_id: str, expert_id: int | None = None
+    ) -> None:
+        """One expert's full checkpoint tensor: gate / up [I, hidden], down [hidden, I]; with
+        expert_id None, every expert's stacked along the first dimension."""
+        if expert_id is None:
+            self._load_stacked(param, loaded, shard_id)
+            return
         rank, world = self.tp.rank, self.tp.world_size
         size = self.intermediate
         if shard_id == DOWN:
@@ -60,14 +68,17 @@ class FusedExperts(nn.Module):
         else:
             raise ModelLoadError(f"unknown expert shard '{shard_id}'")
 
-    def load_stacked(self, param, loaded: torch.Tensor, shard_id: str) -> None:
-        """Every expert's tensor at once: [E, I, hidden] (gate, up) or [E, hidden, I] (down)."""
-        if loaded.shape[0] != self.num_experts:
+    def _load_stacked(self, param, loaded: torch.Tensor, shard_id: str) -> None:
+        """Every expert's tensor at once, [E * I, hidden] (gate, up, transposed down)."""
+        if loaded.dim() != 2 or loaded.shape[0] % self.num_experts:
             raise ModelLoadError(
-                f"checkpoint shape {tuple(loaded.shape)}: expected {self.num_experts} experts"
+                f"checkpoint shape {tuple(loaded.shape)}: not {self.num_experts} stacked experts"
             )
+        experts = loaded.unflatten(0, (self.num_experts, -1))  # [E, I, hidden]
+        if shard_id == DOWN_TRANSPOSED:
+            experts, shard_id = experts.transpose(1, 2), DOWN  # [E, hidden, I]
         for expert_id in range(self.num_experts):
-            self.weight_loader(param, loaded[expert_id], shard_id, expert_id)
+            self.weight_loader(param, experts[expert_id], shard_id, expert_id)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights [T, k] (fp32), ids [T, k] -> [T, hidden]: sum over each

@@ -22,8 +22,10 @@ def select_experts(
     if config.router == SPARSEMIXER:
         return _sparsemixer(logits, config.jitter_eps)
     weights, ids = logits.softmax(dim=-1).topk(config.top_k, dim=-1)  # [T, k]
-    if config.renormalize:
+    if config.renormalize and config.renormalize_p == 1.0:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    elif config.renormalize:
+        weights = weights / weights.norm(p=config.renormalize_p, dim=-1, keepdim=True)
     return weights, ids
 
 
