@@ -24,3 +24,35 @@ def pair(request, tiny_model_factory):
     runner = make_runner(model_dir)
     assert runner.model.__class__.__module__.startswith("pytgi.models."), "not native"
     return request.param, runner, load_hf(model_dir)
+
+
+def test_quantized_experts_are_refused_in_one_line(tiny_model_factory):
+    from pytgi.errors import ModelLoadError
+    from pytgi.layers.quantization.registry import SUPPORTED_QUANTIZE
+
+    with pytest.raises(ModelLoadError, match="mixture-of-experts layers are not supported") as err:
+        make_runner(tiny_model_factory("mixtral"), quantize=SUPPORTED_QUANTIZE[0])
+    assert "\n" not in str(err.value)
+
+
+def test_deepseek_skips_multi_token_prediction_layers(tiny_model_factory, tmp_path, caplog):
+    """A DeepSeek-V3 checkpoint's MTP layer (model.layers.{num_hidden_layers}.*) is ignored with
+    a log line."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    source = tiny_model_factory("deepseek_v3")
+    model_dir = tmp_path / "with-mtp"
+    shutil.copytree(source, model_dir)
+    tensors = load_file(model_dir / "model.safetensors")
+    extra = {
+        k.replace("layers.2.", "layers.3."): v.clone()
+        for k, v in tensors.items()
+        if "layers.2." in k
+    }
+    save_file({**tensors, **extra}, model_dir / "model.safetensors", {"format": "pt"})
+    with caplog.at_level("INFO"):
+        runner = make_runner(model_dir, num_blocks=8)
+    assert runner.spec.num_layers == 3
+    assert "multi-token-prediction layer(s) (model.layers.3 and beyond)" in caplog.text
