@@ -22,8 +22,8 @@ from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 from pytgi.config import EngineConfig, GrammarConfig
-from pytgi.engine.outputs import SchedulerOutput
 from pytgi.engine.request import Request
+from pytgi.messages.outputs import SchedulerOutput
 
 if TYPE_CHECKING:
     from pytgi.grammar import GrammarVocab
