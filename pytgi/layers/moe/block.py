@@ -67,7 +67,7 @@ class SparseMoeBlock(nn.Module):
         prefix: str,
     ):
         super().__init__()
-        if quant_config is not None:
+        if quant_config is not None and not quant_config.experts_in_full_precision:
             raise ModelLoadError(
                 f"{quant_config.name} weights on mixture-of-experts layers are not supported yet "
                 "(serve the model unquantized)"
