@@ -21,6 +21,7 @@ NEW_TOKENS = 12
 CASES = {
     "mixtral": ("mixtral", "MixtralForCausalLM", ()),
     "mixtral-tp2": ("mixtral", "MixtralForCausalLM", ("--num-shard", "2")),
+    "mixtral-gguf": ("mixtral", "MixtralForCausalLM", ()),  # llama.cpp's stacked-expert file
     "deepseek_v3": ("deepseek_v3", "DeepseekV3ForCausalLM", ()),
     "deepseek_v3-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
 }
@@ -30,8 +31,14 @@ CASES = {
 def served(request, tiny_model_factory, tmp_path_factory):
     arch, architecture, extra = CASES[request.param]
     model_dir = tiny_model_factory(arch)
+    served_path = model_dir
+    if request.param.endswith("-gguf"):  # full-precision tensors: the reference is the checkpoint
+        from fixtures.gguf_files import write_llama_gguf
+
+        served_path = tmp_path_factory.mktemp("moe-gguf") / f"tiny-{arch}.gguf"
+        write_llama_gguf(model_dir, served_path)
     log = tmp_path_factory.mktemp(f"moe-{request.param}") / "server.log"
-    server = ServerProcess(model_dir, *extra, log_path=log)
+    server = ServerProcess(served_path, *extra, log_path=log)
     try:
         server.wait_healthy(timeout_s=240)
         yield server, model_dir, architecture
