@@ -23,8 +23,7 @@ import re
 
 from pytgi.layers.moe.config import GROUP_LIMITED, NOAUX_TC, MoEConfig
 from pytgi.models.config import MLAConfig, decoder_spec_from_hf, require
-from pytgi.models.decoder import DecoderForCausalLM
-from pytgi.models.moe_families import expert_mapping
+from pytgi.models.moe_families import MoEDecoderForCausalLM
 
 logger = logging.getLogger(__name__)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -58,7 +57,7 @@ def _moe_config(hf_config, version: int, num_layers: int) -> MoEConfig:
     )
 
 
-class DeepseekForCausalLM(DecoderForCausalLM):
+class DeepseekForCausalLM(MoEDecoderForCausalLM):
     packed_modules_mapping = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     version = 3
 
@@ -100,9 +99,6 @@ class DeepseekForCausalLM(DecoderForCausalLM):
                 self._logged_mtp = True
             return True
         return super().is_ignored_weight(name)
-
-    def expert_weight_mapping(self):
-        return expert_mapping(self.spec.moe.num_experts, ("gate_proj", "up_proj", "down_proj"))
 
 
 class DeepseekV2ForCausalLM(DeepseekForCausalLM):

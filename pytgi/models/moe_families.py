@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from pytgi.errors import ModelLoadError
+from pytgi.layers.moe.block import experts_quantized
 from pytgi.layers.moe.config import SPARSEMIXER, MoEConfig
 from pytgi.models.config import (
     DecoderSpec,
@@ -56,15 +57,27 @@ def qwen_sparse_layers(hf_config, num_layers: int) -> tuple[bool, ...]:
 
 
 class MoEDecoderForCausalLM(DecoderForCausalLM):
-    expert_names = ("gate_proj", "up_proj", "down_proj")
+    """Per-expert checkpoint tensors (`mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj`)
+    load into the stacked experts through `expert_weight_mapping`; under a `--quantize` method
+    each expert is its own pair of quantized linears, loaded by their names (no expert rows)."""
+
+    def __init__(self, spec: DecoderSpec, quant_config=None):
+        super().__init__(spec, quant_config)
+        self.stacked_experts = not experts_quantized(quant_config)
 
     def expert_weight_mapping(self):
-        return expert_mapping(self.spec.moe.num_experts, self.expert_names)
+        if not self.stacked_experts:
+            return []
+        return expert_mapping(self.spec.moe.num_experts, ("gate_proj", "up_proj", "down_proj"))
 
 
 class MixtralForCausalLM(MoEDecoderForCausalLM):
-    weight_renames = ((r"\.block_sparse_moe\.", ".mlp."),)
-    expert_names = ("w1", "w3", "w2")
+    weight_renames = (
+        (r"\.block_sparse_moe\.", ".mlp."),
+        (r"(\.experts\.\d+\.)w1\.", r"\1gate_proj."),
+        (r"(\.experts\.\d+\.)w3\.", r"\1up_proj."),
+        (r"(\.experts\.\d+\.)w2\.", r"\1down_proj."),
+    )
 
     @classmethod
     def spec_from_hf(cls, hf_config, architecture: str, flags: dict) -> DecoderSpec:
@@ -167,6 +180,7 @@ class DbrxForCausalLM(DecoderForCausalLM):
             hidden_act=(ffn.ffn_act_fn or {}).get("name", "silu"),
             renormalize=p is not None,
             renormalize_p=float(p or 1.0),
+            per_expert_checkpoint=False,
         )
         return DecoderSpec(
             **common_fields(hf_config, architecture),

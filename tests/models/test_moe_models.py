@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures.tiny_models import MOE_ARCHS
-from models.runner_utils import load_hf, make_runner
+from models.runner_utils import BlockAllocator, load_hf, make_runner, scheduled, step
 from models.test_parity import (  # noqa: F401 (collected here with this module's `pair`)
     test_chunked_prefill_mixed_with_decode,
     test_greedy_decode_matches_generate,
@@ -26,12 +26,33 @@ def pair(request, tiny_model_factory):
     return request.param, runner, load_hf(model_dir)
 
 
-def test_quantized_experts_are_refused_in_one_line(tiny_model_factory):
-    from pytgi.errors import ModelLoadError
-    from pytgi.layers.quantization.registry import SUPPORTED_QUANTIZE
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "qwen2_moe"])
+def test_quantized_experts_close_to_fp32(arch, tiny_model_factory):
+    """--quantize on an MoE model quantizes every expert (and the other linears): logits close
+    to its fp32 self (the int8 bound of test_quantized_models.py)."""
+    from models.test_quantized_models import PROMPTS, quantized_runner
 
-    with pytest.raises(ModelLoadError, match="mixture-of-experts layers are not supported") as err:
-        make_runner(tiny_model_factory("mixtral"), quantize=SUPPORTED_QUANTIZE[0])
+    torch.set_num_threads(1)
+    model_dir = tiny_model_factory(arch)
+    fp32 = make_runner(model_dir)
+    runner = quantized_runner(model_dir, "eetq")
+    experts = runner.model.model.layers[-1].mlp.experts
+    assert experts[0].gate_up_proj.quant_method.__class__.__name__ != "UnquantizedLinearMethod"
+    blocks = BlockAllocator()
+    out = step(
+        *(scheduled(f"r{i}", p, 0, len(p), blocks.take(len(p))) for i, p in enumerate(PROMPTS))
+    )
+    reference, logits = fp32.forward(out), runner.forward(out)
+    error = (logits - reference).abs().max() / reference.abs().max()
+    cosine = torch.nn.functional.cosine_similarity(logits, reference, dim=-1).min()
+    assert error < 0.03 and cosine > 0.999, (float(error), float(cosine))
+
+
+def test_quantized_stacked_experts_are_refused_in_one_line(tiny_model_factory):
+    from pytgi.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="stacked checkpoint experts") as err:
+        make_runner(tiny_model_factory("dbrx"), quantize="eetq")
     assert "\n" not in str(err.value)
 
 

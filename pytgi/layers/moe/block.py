@@ -16,9 +16,16 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.activation import get_activation
 from pytgi.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from pytgi.layers.moe.config import MoEConfig
-from pytgi.layers.moe.experts import FusedExperts
+from pytgi.layers.moe.experts import FusedExperts, QuantizedExperts
 from pytgi.layers.moe.router import select_experts
 from pytgi.layers.quantization.base import QuantConfig
+
+
+def experts_quantized(quant_config: QuantConfig | None) -> bool:
+    """Whether the routed experts run as per-expert quantized linears (a `--quantize` method)
+    rather than stacked full-precision tensors (no quantization, or GGUF's dequantized
+    experts)."""
+    return quant_config is not None and not quant_config.experts_in_full_precision
 
 
 class RouterGate(nn.Module):
@@ -67,16 +74,26 @@ class SparseMoeBlock(nn.Module):
         prefix: str,
     ):
         super().__init__()
-        if quant_config is not None and not quant_config.experts_in_full_precision:
-            raise ModelLoadError(
-                f"{quant_config.name} weights on mixture-of-experts layers are not supported yet "
-                "(serve the model unquantized)"
-            )
         self.config = config
         self.gate = RouterGate(hidden_size, config.num_experts, config.score_correction_bias)
-        self.experts = FusedExperts(
-            config.num_experts, hidden_size, config.intermediate_size, config.hidden_act
-        )
+        if experts_quantized(quant_config):
+            if not config.per_expert_checkpoint:
+                raise ModelLoadError(
+                    f"{quant_config.name} weights on stacked checkpoint experts are not "
+                    "supported yet (serve the model unquantized)"
+                )
+            self.experts = QuantizedExperts(
+                config.num_experts,
+                hidden_size,
+                config.intermediate_size,
+                config.hidden_act,
+                quant_config,
+                f"{prefix}.experts",
+            )
+        else:
+            self.experts = FusedExperts(
+                config.num_experts, hidden_size, config.intermediate_size, config.hidden_act
+            )
         self.shared_experts = self.shared_expert_gate = None
         if config.shared_intermediate_size:
             self.shared_experts = SharedExpert(

@@ -45,6 +45,7 @@ class MoEConfig:
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert
     sparse_layers: tuple[bool, ...] = ()  # per layer: True = this MoE block, False = dense MLP
+    per_expert_checkpoint: bool = True  # False: the checkpoint stacks the experts (DBRX)
 
     def __post_init__(self):
         if self.router not in ROUTERS:

@@ -22,11 +22,31 @@ from pytgi.distributed.comm import tp_all_reduce
 from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.activation import get_activation
-from pytgi.layers.linear import divide, load_part
-from pytgi.layers.quantization.base import set_weight_attrs
+from pytgi.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    divide,
+    load_part,
+)
+from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
 DOWN_TRANSPOSED = "w2_t"  # a stacked down projection stored [E * I, hidden] (DBRX)
+
+
+def group_by_expert(x: torch.Tensor, ids: torch.Tensor, num_experts: int):
+    """x [T, hidden], ids [T, k] -> (rows [T * k, hidden] sorted by expert, the token of each
+    row [T * k], the sorting order [T * k], per-expert row counts (host list))."""
+    order = ids.flatten().argsort(stable=True)  # pairs grouped by expert
+    counts = torch.bincount(ids.flatten(), minlength=num_experts).tolist()
+    tokens = order // ids.shape[1]
+    return x.index_select(0, tokens), tokens, order, counts
+
+
+def combine(x, out, weights, tokens, order) -> torch.Tensor:
+    """The weighted expert rows out [T * k, hidden] summed back into their tokens: [T, hidden]."""
+    out = out * weights.flatten()[order].to(out.dtype).unsqueeze(1)
+    return torch.zeros_like(x).index_add_(0, tokens, out)
 
 
 class FusedExperts(nn.Module):
@@ -83,13 +103,8 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights [T, k] (fp32), ids [T, k] -> [T, hidden]: sum over each
         token's k experts of weight * down(act(gate(x)) * up(x))."""
-        top_k = ids.shape[1]
-        flat = ids.flatten()  # [T * k]
-        order = flat.argsort(stable=True)  # pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        tokens = order // top_k  # [T * k]: the token of each sorted pair
-        rows = x.index_select(0, tokens)  # [T * k, hidden]
-        out = torch.empty_like(rows)
+        rows, tokens, order, counts = group_by_expert(x, ids, self.num_experts)
+        out = torch.empty_like(rows)  # [T * k, hidden]
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
@@ -98,6 +113,48 @@ class FusedExperts(nn.Module):
             h = self.act_fn(rows[start:end] @ self.w13_weight[expert].t())  # [n, I]
             torch.matmul(h, self.w2_weight[expert].t(), out=out[start:end])  # [n, hidden]
             start = end
-        out = out * weights.flatten()[order].to(out.dtype).unsqueeze(1)
-        result = torch.zeros_like(x).index_add_(0, tokens, out)  # [T, hidden]
+        result = combine(x, out, weights, tokens, order)  # [T, hidden]
+        return tp_all_reduce(result) if self.tp.world_size > 1 else result
+
+
+class ExpertMLP(nn.Module):
+    """One expert as quantized linear layers (`gate_up_proj`, `down_proj`, checkpoint names
+    `experts.{e}.gate_proj` / `up_proj` / `down_proj`)."""
+
+    def __init__(self, hidden_size, intermediate_size, quant_config: QuantConfig, prefix: str):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size,
+            [intermediate_size] * 2,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+        )
+
+
+class QuantizedExperts(nn.ModuleList):
+    """The routed experts under a `--quantize` method: one quantized gate_up / down pair per
+    expert (the method's own kernels), grouped as `FusedExperts` groups them; one all-reduce."""
+
+    def __init__(self, num_experts, hidden_size, intermediate_size, act, quant_config, prefix):
+        super().__init__(
+            ExpertMLP(hidden_size, intermediate_size, quant_config, f"{prefix}.{e}")
+            for e in range(num_experts)
+        )
+        self.tp = get_tp_info()
+        self.act_fn = get_activation(act, gated=True)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        rows, tokens, order, counts = group_by_expert(x, ids, len(self))
+        outs, start = [], 0
+        for expert, count in zip(self, counts, strict=True):
+            if count == 0:
+                continue
+            h = self.act_fn(expert.gate_up_proj(rows[start : start + count]))  # [n, 2I] -> [n, I]
+            down = expert.down_proj
+            outs.append(down.quant_method.apply(down, h))  # [n, hidden], partial under TP
+            start += count
+        result = combine(x, torch.cat(outs), weights, tokens, order)  # [T, hidden]
         return tp_all_reduce(result) if self.tp.world_size > 1 else result
