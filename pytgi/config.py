@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pytgi import envs
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
@@ -43,8 +45,16 @@ class ModelConfig:
     # --model-gguf: the GGUF file inside the --model-id directory or hub repo (needed only when
     # it holds several); None: --model-id's only GGUF file, if it is a GGUF model at all
     gguf_file: str | None = None
+    # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
+    # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
+    quantize_activations: str | None = field(default_factory=envs.quant_activations)
 
     def __post_init__(self):
+        if self.quantize_activations not in (None, *QUANT_ACTIVATIONS):
+            raise ConfigError(
+                f"--quantize-activations must be one of {', '.join(QUANT_ACTIVATIONS)}, "
+                f"got '{self.quantize_activations}'"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.implementation not in MODEL_IMPLEMENTATIONS:
@@ -187,6 +197,9 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+    # and their estimated memory (grammar/compiler.py, `estimated_bytes`): the engine's host
+    # memory for compiled grammars, taken from the KV cache's budget on CPU
+    cache_bytes: int = 256 << 20
 
     def __post_init__(self):
         if not self.compile_timeout_s > 0:

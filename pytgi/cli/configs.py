@@ -24,6 +24,7 @@ from pytgi.config import (
     ServerConfig,
 )
 from pytgi.errors import ConfigError
+from pytgi.layers.quantization.activations import activations_for
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +49,14 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        quantize_activations=getattr(args, "quantize_activations", None)
+        or envs.quant_activations(),
     )
 
 
-def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
+def check_quantize(
+    quantize: str | None, dtype: str | None, platform: str = "cpu", activations: str | None = None
+) -> None:
     """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
     engine that will not run on the CPU are refused before anything loads (the engine checks
     again when it builds the model)."""
@@ -72,6 +77,7 @@ def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {dtype})"
         )
+    activations_for(quantize, activations)
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -91,7 +97,10 @@ def num_shard(args: argparse.Namespace) -> int:
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
-    check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
+    check_quantize(
+        args.quantize, args.dtype, expected_platform(device_config(args)),
+        model.quantize_activations,
+    )  # fmt: skip
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -129,6 +138,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
         compile_threads=args.grammar_compile_threads,
         mask_threads=args.grammar_mask_threads,
         cache_size=args.grammar_cache_size,
+        cache_bytes=args.grammar_cache_bytes,
     )
 
 

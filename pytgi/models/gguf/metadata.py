@@ -127,17 +127,26 @@ def _renamed(reader: GGUFReader, table: dict[str, dict[str, str | None]]) -> dic
     return out
 
 
-def hf_config(meta: GGUFMetadata):
+def hf_config(meta: GGUFMetadata, freq_factors: list[float] | None = None):
     """A transformers config object pytgi's model for `meta.architecture` accepts (a `llama`
-    file with experts is a Mixtral)."""
+    file with experts is a Mixtral); `freq_factors`: the file's `rope_freqs` tensor, if it has
+    one."""
     from transformers import LlamaConfig, MixtralConfig
 
     fields = dict(meta.config)
     fields.pop("model_type", None)
     name = fields.pop("_model_name_or_path", None)
+    scaling = rope_scaling(meta)
+    if freq_factors is not None:
+        if scaling is not None:
+            raise ModelLoadError(
+                f"GGUF rope scaling `{scaling['rope_type']}` together with rope_freqs factors is "
+                "not supported"
+            )
+        scaling = {"rope_type": "freq_factors", "freq_factors": freq_factors}
     moe = "num_local_experts" in fields
     config_class = MixtralConfig if moe else LlamaConfig
-    config = config_class(**fields, rope_scaling=rope_scaling(meta))
+    config = config_class(**fields, rope_scaling=scaling)
     config.architectures = [
         "MixtralForCausalLM" if moe else SUPPORTED_ARCHITECTURES[meta.architecture]
     ]
