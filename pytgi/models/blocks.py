@@ -2,9 +2,11 @@
 the model type: the norm (RMS, Gemma's 1 + w, LayerNorm with or without bias), q/k/v and output
 biases, per-head q/k norms, the position encoding (rotary in either layout and on part of the head,
 one rotary table per layer kind, ALiBi, or learned positions outside the stack), logit
-soft-capping and sliding windows in attention, a gated or plain MLP, and how a layer composes
-attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or sandwiched
-between pre- and post-norms).
+soft-capping, clamped q/k/v (DBRX) and sliding windows in attention, a gated or plain MLP or a
+sparse mixture-of-experts block on the layers `DecoderSpec.moe` names (`make_mlp`), DeepSeek's
+latent attention in place of q/k/v heads (`DecoderSpec.mla`, `make_attention`), and how a layer
+composes attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or
+sandwiched between pre- and post-norms).
 
 `DecoderStack` runs the layers in order, unless the step's forward context carries a decode-step
 accelerator's replacement for the whole stack (the model runner decides that per step). For the
