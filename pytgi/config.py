@@ -18,6 +18,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
+# --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones (docs/KV_CACHE.md)
+KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
@@ -72,8 +74,16 @@ class CacheConfig:
     # hard cap on KV memory (CPU: RAM is shared with everything)
     max_kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # --kv-cache-dtype: None = the model dtype (or fp8_e4m3fn for a checkpoint whose
+    # compressed-tensors config declares an 8-bit float KV cache)
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got '{self.kv_cache_dtype}'"
+            )
         if self.block_size <= 0:
             raise ConfigError("block_size must be > 0")
         if not 0.0 < self.memory_fraction <= 1.0:
@@ -155,6 +165,10 @@ class CacheInfo:
     max_position_embeddings: int
     dtype: str
     device: str
+    kv_cache_dtype: str = ""  # the caches' storage dtype
+    kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
+    # every attention layer has a sliding window: the largest (older blocks are freed); else None
+    sliding_window: int | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)

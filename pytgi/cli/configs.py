@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import SERVED_QUANTIZE
+from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -25,6 +25,7 @@ from pytgi.config import (
 )
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
+from pytgi.router.images.config import ImageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,10 @@ def check_quantize(
     again when it builds the model)."""
     if quantize is None:
         return
-    if quantize not in SERVED_QUANTIZE:
+    if quantize not in SERVED_QUANTIZE + CHECKPOINT_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
-            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+            f"(supported: {', '.join(SERVED_QUANTIZE + CHECKPOINT_QUANTIZE)})"
         )
     if platform != "cpu":
         raise ConfigError(
@@ -78,6 +79,17 @@ def check_quantize(
             f"use --dtype float32 (got {dtype})"
         )
     activations_for(quantize, activations)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str | None, platform: str) -> None:
+    """An fp8 cache on CUDA is refused before anything loads: pytgi's Triton attention reads
+    16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
+    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8") and platform != "cpu":
+        raise ConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {platform} by pytgi (its "
+            "attention kernels there read bfloat16/float16/float32 caches; PYTGI_DEVICE=cpu "
+            "serves fp8 caches)"
+        )
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -101,6 +113,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         args.quantize, args.dtype, expected_platform(device_config(args)),
         model.quantize_activations,
     )  # fmt: skip
+    check_kv_cache_dtype(args.kv_cache_dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -109,6 +122,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             memory_fraction=args.kv_cache_memory_fraction,
             max_kv_cache_bytes=args.max_kv_cache_bytes,
             enable_prefix_caching=not args.disable_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),
@@ -241,6 +255,15 @@ def limits_config(
         max_total_tokens=max_total,
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
+    )
+
+
+def image_config(args: argparse.Namespace) -> ImageConfig:
+    return ImageConfig(
+        max_fetch_bytes=args.max_image_fetch_size,
+        fetch_timeout_s=args.image_fetch_timeout,
+        max_pixels=args.max_image_pixels,
+        allow_private_urls=args.allow_private_image_urls,
     )
 
 

@@ -50,6 +50,7 @@ def engine_config(
     quantize: str | None = None,
     gguf_file: str | None = None,
     quantize_activations: str | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
@@ -75,6 +76,7 @@ def engine_config(
             block_size=block_size,
             num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=max_batch_prefill_tokens,
