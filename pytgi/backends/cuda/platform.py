@@ -76,6 +76,9 @@ class CudaPlatform(Platform):
         if not sizes or not self.config.decode_accelerator:
             logger.info("CUDA graphs off (--cuda-graphs 0 or PYTGI_FUSED_DECODE=0): eager decode")
             return None
+        if not model.steps_capturable():
+            logger.info("CUDA graphs off: this model's layers choose work on the host per step")
+            return None
         from pytgi.backends.cuda.graphs import CudaGraphRunner
 
         return CudaGraphRunner(sizes, self.device)
