@@ -16,81 +16,17 @@ import sys
 import httpx
 import pytest
 import torch
-from fixtures.prequantized import (
-    awq_from_float,
-    ct_scheme,
-    fp8_block_from_float,
-    gptq_from_float,
-    make_compressed,
-)
-from safetensors.torch import load_file, save_file
+import transformers
+from fixtures.prequantized import build_checkpoint
 from text_generation import Client
 
 from e2e.server import ServerProcess, free_port
 
 PROMPTS = ["Hello world", "The quick brown fox", "1 2 3"]
 NEW_TOKENS = 10
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-GROUP = 32
-
-
-def _config(fmt: str) -> dict:
-    import transformers
-
-    if fmt == "gptq":
-        cfg = transformers.GPTQConfig(bits=4, group_size=GROUP, desc_act=True, sym=False)
-    elif fmt == "awq":
-        cfg = transformers.AwqConfig(bits=4, group_size=GROUP, zero_point=True, version="gemm")
-    elif fmt == "fp8":
-        cfg = transformers.FineGrainedFP8Config(weight_block_size=(GROUP, GROUP))
-    else:
-        from compressed_tensors.quantization import QuantizationConfig
-
-        scheme = ct_scheme("pack-quantized", bits=4, sym=False, group=GROUP)
-        ct = QuantizationConfig(config_groups={"group_0": scheme}, format="pack-quantized",
-                                quantization_status="compressed", ignore=["lm_head"])  # fmt: skip
-        return {**ct.model_dump(mode="json"), "quant_method": "compressed-tensors"}
-    return json.loads(cfg.to_json_string())
-
-
-def _quantize(fmt: str, w: torch.Tensor, perms: dict[int, torch.Tensor]):
-    if fmt == "gptq":  # modules reading the same input share its act-order permutation
-        return gptq_from_float(w, GROUP, perms[w.shape[1]])
-    if fmt == "awq":
-        return awq_from_float(w, GROUP)
-    if fmt == "fp8":
-        return fp8_block_from_float(w, GROUP)
-    compressed, deq = make_compressed(w, ct_scheme("pack-quantized", bits=4, sym=False,
-                                                   group=GROUP))  # fmt: skip
-    return compressed, deq
-
-
-def build_checkpoint(source, target, fmt: str) -> dict[str, torch.Tensor]:
-    """`source`'s linears stored in `fmt` under `target`; returns the dequantised state dict."""
-    shutil.copytree(source, target)
-    state = load_file(target / "model.safetensors")
-    g = torch.Generator().manual_seed(5)
-    perms = {k: torch.randperm(k, generator=g) for k in (64, 128)}
-    out, reference = {}, dict(state)
-    for name, tensor in state.items():
-        module = name.removesuffix(".weight")
-        if not (name.endswith(".weight") and module.rsplit(".", 1)[-1] in LINEARS):
-            out[name] = tensor
-            continue
-        tensors, deq = _quantize(fmt, tensor, perms)
-        out.update({f"{module}.{part}": t.contiguous() for part, t in tensors.items()})
-        reference[name] = deq
-    (target / "model.safetensors").unlink()
-    save_file(out, target / "model.safetensors", {"format": "pt"})
-    config = json.loads((target / "config.json").read_text())
-    config["quantization_config"] = _config(fmt)
-    (target / "config.json").write_text(json.dumps(config))
-    return reference
 
 
 def transformers_greedy(model_dir, reference: dict, prompts_ids: list[list[int]]):
-    import transformers
-
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.load_state_dict(reference, strict=False)
     model.eval()
@@ -115,13 +51,14 @@ def test_prequantized_checkpoint_is_served_as_transformers_runs_it(fmt, tiny_lla
         info = httpx.get(f"{server.url}/info").json()
         assert info["quantize"] == fmt
         client = Client(server.url, timeout=60)
-        served, prompt_ids = [], []
+        served = []
         for text in PROMPTS:
-            out = client.generate(text, max_new_tokens=NEW_TOKENS, decoder_input_details=True)
+            out = client.generate(text, max_new_tokens=NEW_TOKENS)
             served.append([t.id for t in out.details.tokens])
-            prompt_ids.append([t.id for t in out.details.prefill])
     finally:
         server.stop()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    prompt_ids = [tokenizer(text).input_ids for text in PROMPTS]
     assert served == transformers_greedy(tiny_llama_dir, reference, prompt_ids)
 
 

@@ -143,7 +143,7 @@ CT_CASES = {
     "w4a16-sym-g32": dict(fmt="pack-quantized", bits=4, group=32),
     "w4a16-asym-g64": dict(fmt="pack-quantized", bits=4, sym=False, group=64),
     "w8a16-channel": dict(fmt="pack-quantized", bits=8, strategy="channel"),
-    "w8a16-asym-g32": dict(fmt="pack-quantized", bits=8, sym=False, group=32),
+    "w8a16-asym-g32-bf16": dict(fmt="pack-quantized", bits=8, sym=False, group=32),
     "w8a8-int-dynamic": dict(fmt="int-quantized", bits=8, strategy="channel", dynamic_acts=1),
     "w8-naive-tensor": dict(fmt="naive-quantized", bits=8, strategy="tensor"),
     "fp8-channel": dict(fmt="float-quantized", bits=8, kind="float", strategy="channel"),
@@ -161,6 +161,8 @@ def test_compressed_tensors_from_the_librarys_compressors(case, cpu_kernels):
     options = CT_CASES[case]
     scheme = ct_scheme(**options)
     weight = torch.randn(256, 256, generator=torch.Generator().manual_seed(2)) * 0.05
+    if case.endswith("bf16"):  # llm-compressor's usual scales: the model's bfloat16
+        weight = weight.bfloat16()
     compressed, decompressed = make_compressed(weight, scheme)
     config = {"config_groups": {"group_0": scheme.model_dump()}, "format": options["fmt"]}
     piece = assemble(quant("compressed-tensors", config=config), compressed)
@@ -174,26 +176,29 @@ def test_fp8_checkpoints(kind, cpu_kernels):
     block scale (a 200x320 weight: partial blocks on both edges)."""
     tensors, w = make_fp8(200, 320, kind)
     config = {"weight_block_size": [128, 128]} if kind == "scale_inv" else {}
-    piece = assemble(quant("fp8", config=config), {**tensors, "input_scale": torch.ones(1)})
-    if kind == "block":
+    if kind == "block":  # llm-compressor's FP8_BLOCK: weight_scale per 128x128 tile
         piece = assemble(quant("compressed-tensors", config={}), tensors)
+    else:
+        piece = assemble(quant("fp8", config=config), {**tensors, "input_scale": torch.ones(1)})
     assert torch.equal(piece.dequantize(), w)
     assert_layer_matches(row_layer(piece, 320, 200), w, 320)
 
 
 def test_module_parts_are_gathered_across_the_stream():
     """Parts of one module arriving apart (other tensors between, another shard file) become
-    one `.weight`; norms, biases and an unquantized head pass through; KV scales are dropped."""
+    one `.weight`; norms, biases, an unquantized head and KV scales pass through (the loader
+    gives the KV scales to the attention layers); q_scale is dropped."""
     tensors, _ = make_gptq(64, 64, 4, 32, sym=True)
     stream = [("a.qweight", tensors["qweight"]), ("norm.weight", torch.ones(4)),
               ("a.bias", torch.zeros(64)), ("a.scales", tensors["scales"]),
               ("lm_head.weight", torch.ones(2, 2)), ("attn.k_scale", torch.ones(1)),
+              ("attn.q_scale", torch.ones(1)),
               ("a.qzeros", tensors["qzeros"]), ("a.g_idx", tensors["g_idx"])]  # fmt: skip
     pre = PrequantizedTensors(format_for(quant("gptq", group_size=32)), [n for n, _ in stream])
     assert pre.modules == {"a"}
-    assert pre.names() == ["a.weight", "norm.weight", "a.bias", "lm_head.weight"]
+    assert pre.names() == ["a.weight", "norm.weight", "a.bias", "lm_head.weight", "attn.k_scale"]
     assert [n for n, _ in pre.tensors(stream)] == ["norm.weight", "a.bias", "lm_head.weight",
-                                                   "a.weight"]  # fmt: skip
+                                                   "attn.k_scale", "a.weight"]  # fmt: skip
 
 
 def write(tmp_path, name, data):
