@@ -16,6 +16,7 @@ from pytgi.errors import ConfigError
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
+ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
@@ -43,8 +44,20 @@ class ModelConfig:
     # --model-gguf: the GGUF file inside the --model-id directory or hub repo (needed only when
     # it holds several); None: --model-id's only GGUF file, if it is a GGUF model at all
     gguf_file: str | None = None
+    # --rope-scaling/--rope-factor: (type, factor) replacing config.json's rope_scaling (TGI's
+    # override); None keeps the checkpoint's
+    rope_scaling: tuple[str, float] | None = None
+    # --weights-cache-override: the directory the weight files are read from (config and
+    # tokenizer still come from the model); None: the model's own directory
+    weights_dir: str | None = None
 
     def __post_init__(self):
+        if self.rope_scaling is not None:
+            kind, factor = self.rope_scaling
+            if kind not in ROPE_SCALINGS:
+                raise ConfigError(f"--rope-scaling must be one of {', '.join(ROPE_SCALINGS)}")
+            if not factor > 0:
+                raise ConfigError(f"--rope-factor must be > 0, got {factor}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.implementation not in MODEL_IMPLEMENTATIONS:
@@ -122,6 +135,19 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class WatermarkConfig:
+    """TGI's watermark (requests with `watermark`): the green-list fraction `gamma` of the
+    vocabulary gets `delta` added to its logits (--watermark-gamma, --watermark-delta)."""
+
+    gamma: float = 0.5
+    delta: float = 2.0
+
+    def __post_init__(self):
+        if not 0.0 < self.gamma <= 1.0:
+            raise ConfigError(f"--watermark-gamma must be in (0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -131,6 +157,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
 
 
 @dataclass(frozen=True)
@@ -162,8 +189,11 @@ class LimitsConfig:
     max_total_tokens: int | None = None  # None = derived at warm-up
     max_client_batch_size: int = 4
     payload_limit: int = 2_000_000
+    validation_workers: int = 2  # threads tokenizing requests
 
     def __post_init__(self):
+        if self.validation_workers < 1:
+            raise ConfigError("`validation_workers` must be > 0")
         mi, mt = self.max_input_tokens, self.max_total_tokens
         if mi is not None and mt is not None and mi >= mt:
             raise ConfigError(f"`max_input_tokens`({mi}) must be < `max_total_tokens`({mt})")

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import SERVED_QUANTIZE
+from pytgi.cli.flags import SERVED_QUANTIZE, check_refused_flags
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -22,6 +22,7 @@ from pytgi.config import (
     ParallelConfig,
     SchedulerConfig,
     ServerConfig,
+    WatermarkConfig,
 )
 from pytgi.errors import ConfigError
 
@@ -48,7 +49,18 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        rope_scaling=rope_override(
+            getattr(args, "rope_scaling", None), getattr(args, "rope_factor", None)
+        ),
+        weights_dir=getattr(args, "weights_cache_override", None),
     )
+
+
+def rope_override(kind: str | None, factor: float | None) -> tuple[str, float] | None:
+    """TGI's launcher: a type alone scales by 1.0, a factor alone is linear scaling."""
+    if kind is None and factor is None:
+        return None
+    return (kind or "linear", 1.0 if factor is None else factor)
 
 
 def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
@@ -90,6 +102,8 @@ def num_shard(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
+    check_refused_flags(args)
+    apply_llama_cpp_aliases(args)
     check_limits(args)
     check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
     return EngineConfig(
@@ -114,7 +128,24 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         ),
         device=device_config(args),
         num_threads=args.num_threads,
+        watermark=WatermarkConfig(gamma=args.watermark_gamma, delta=args.watermark_delta),
     )
+
+
+def apply_llama_cpp_aliases(args: argparse.Namespace) -> None:
+    """TGI's llama.cpp backend spellings of pytgi flags (`flags.LLAMA_CPP_FLAGS`)."""
+    aliases = (
+        ("n_threads", "num_threads"),
+        ("max_physical_batch_total_tokens", "max_batch_prefill_tokens"),
+    )
+    for alias, name in aliases:
+        value, current = getattr(args, alias, None), getattr(args, name)
+        if value is None:
+            continue
+        if current is not None and current != value:
+            flag, other = "--" + alias.replace("_", "-"), "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {value} and {other} {current} disagree: set one")
+        setattr(args, name, value)
 
 
 def grammar_config(args: argparse.Namespace) -> GrammarConfig:
@@ -173,6 +204,8 @@ def device_config(args: argparse.Namespace) -> DeviceConfig:
         config = replace(config, cuda_graphs=envs.parse_cuda_graphs(args.cuda_graphs))
     if args.cuda_memory_fraction is not None:
         config = replace(config, cuda_memory_fraction=args.cuda_memory_fraction)
+    if getattr(args, "disable_custom_kernels", False):  # TGI's flag: pytgi's own kernels off
+        config = replace(config, kernels=False)
     return config
 
 
@@ -197,7 +230,7 @@ def check_limits(args: argparse.Namespace) -> None:
                 "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: "
                 f"{args.max_total_tokens} and {args.max_batch_total_tokens}"
             )
-    if args.validation_workers == 0:
+    if args.validation_workers <= 0:
         raise ConfigError("`validation_workers` must be > 0")
     if args.max_batch_size == 0:
         raise ConfigError("`max_batch_size` must be > 0")
@@ -231,6 +264,7 @@ def limits_config(
         max_total_tokens=max_total,
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
+        validation_workers=args.validation_workers,
     )
 
 

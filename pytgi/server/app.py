@@ -27,8 +27,14 @@ from pytgi.server import completions, openai_routes, sagemaker, tgi_routes, vert
 from pytgi.server.context import TGI_VERSION, ServerContext
 from pytgi.server.errors import install_error_handlers
 from pytgi.server.health import Health, HealthState
-from pytgi.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, GateMiddleware
+from pytgi.server.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    GateMiddleware,
+    TracingMiddleware,
+)
 from pytgi.server.sse import DEFAULT_KEEP_ALIVE_S
+from pytgi.utils import tracing
 
 if TYPE_CHECKING:  # the router is only called through these methods
     from pytgi.router.infer import Infer
@@ -107,6 +113,8 @@ def _add_middleware(app: FastAPI, config: ServerConfig, health: HealthState) -> 
         allow_methods=["GET", "POST"],
         allow_headers=["content-type", "authorization"],
     )
+    if tracing.enabled():
+        app.add_middleware(TracingMiddleware)
 
 
 def create_metrics_app(engine: EngineClient, cache_info: CacheInfo) -> ASGIApp:

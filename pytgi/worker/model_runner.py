@@ -89,7 +89,8 @@ class ModelRunner:
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
 
-            self.sampler = Sampler(self.spec.vocab_size)
+            watermark = self.config.watermark
+            self.sampler = Sampler(self.spec.vocab_size, watermark.gamma, watermark.delta)
 
     @property
     def bytes_per_block(self) -> int:
