@@ -18,11 +18,12 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import TemplateError, ValidationError
+from pytgi.engine.request import FinishReason
+from pytgi.errors import TemplateError, ToolError, ValidationError
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL
-from pytgi.server.chat_format import ChatChunks, chat_completion, usage
+from pytgi.server.chat_format import ChatChunks, arguments_message, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_event_stream
@@ -65,18 +66,43 @@ def _no_tool_request(req: ChatRequest) -> ChatRequest:
     return req.model_copy(update={"tools": None, "tool_choice": None})
 
 
+def cut_off_tool_call(gen: Generation) -> dict[str, Any] | None:
+    """A tool call that max_tokens cut off, as OpenAI answers it: the name and the arguments
+    written so far (finish_reason "length"). TGI answers 422 "Failed to parse generated text";
+    clients (LangChain's function-calling structured output) handle OpenAI's answer. None when
+    the generation did not stop on length or had not yet written a tool's name."""
+    if gen.finish_reason != FinishReason.LENGTH:
+        return None
+    streamer = ToolCallStreamer()
+    pieces = streamer.feed(gen.generated_text) + streamer.finish()
+    if streamer.name is None or streamer.name == NO_TOOL:
+        return None
+    return arguments_message(streamer.name, "".join(fragment for _, fragment in pieces))
+
+
 async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> JSONBody:
     params = req.generate_parameters(prompt.grammar)
     gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
     tool_call = None
     if prompt.uses_tools:
-        tool_call = ctx.infer.parse_tool_call(gen.generated_text, prompt)
+        try:
+            tool_call = ctx.infer.parse_tool_call(gen.generated_text, prompt)
+        except ToolError:
+            message = cut_off_tool_call(gen)
+            if message is None:
+                raise
+            body = chat_completion(ctx, gen, tool_call=None, logprobs=req.logprobs, message=message)
+            return _chat_body(ctx, prompt, gen, body)
         if tool_call.name == NO_TOOL:
             plain = _no_tool_request(req)
             prompt = await render(ctx, plain)
             gen = await _generate_plain(ctx, plain, prompt)
             tool_call = None
     body = chat_completion(ctx, gen, tool_call=tool_call, logprobs=req.logprobs)
+    return _chat_body(ctx, prompt, gen, body)
+
+
+def _chat_body(ctx: ServerContext, prompt: ChatPrompt, gen: Generation, body: dict) -> JSONBody:
     headers = generation_headers(
         ctx.compute_type, prompt.text, gen.timings, gen.input_length, gen.generated_tokens
     )
