@@ -21,6 +21,22 @@ ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 
+# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
+# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
+# first token; a smaller one lets the prompts start in turn between decode steps (measured in
+# docs/PERFORMANCE.md, "CPU serving defaults").
+TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+CPU_MAX_BATCH_PREFILL_TOKENS = 1024
+
+
+def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
+    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
+    prompt must fit in one step, so TGI's (larger) budget stays."""
+    if device == "cpu" and chunked_prefill:
+        return CPU_MAX_BATCH_PREFILL_TOKENS
+    return TGI_MAX_BATCH_PREFILL_TOKENS
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_id: str

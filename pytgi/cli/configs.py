@@ -23,6 +23,7 @@ from pytgi.config import (
     SchedulerConfig,
     ServerConfig,
     WatermarkConfig,
+    default_max_batch_prefill_tokens,
 )
 from pytgi.errors import ConfigError
 
@@ -163,21 +164,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
     )
 
 
-# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
-# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
-# first token; a smaller one lets the prompts start in turn between decode steps (measured in
-# docs/PERFORMANCE.md, "CPU serving defaults").
-TGI_MAX_BATCH_PREFILL_TOKENS = 4096
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # present wherever the NVIDIA driver exposes a GPU
-CPU_MAX_BATCH_PREFILL_TOKENS = 1024
-
-
-def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
-    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
-    prompt must fit in one step, so TGI's (larger) budget stays."""
-    if device == "cpu" and chunked_prefill:
-        return CPU_MAX_BATCH_PREFILL_TOKENS
-    return TGI_MAX_BATCH_PREFILL_TOKENS
 
 
 def default_prefill_tokens(args: argparse.Namespace) -> int:

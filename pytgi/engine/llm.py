@@ -24,6 +24,7 @@ from pytgi.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    default_max_batch_prefill_tokens,
 )
 from pytgi.engine.engine_core import EngineCore
 from pytgi.engine.outputs import RequestOutput
@@ -125,7 +126,7 @@ def engine_config(
     block_size: int = 16,
     num_blocks: int | None = None,
     enable_prefix_caching: bool = True,
-    max_batch_prefill_tokens: int = 4096,
+    max_batch_prefill_tokens: int | None = None,
     max_batch_total_tokens: int | None = None,
     max_batch_size: int | None = None,
     num_shard: int = 1,
@@ -141,11 +142,15 @@ def engine_config(
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
     `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
-    (True), or off (False: no vocabulary is built; grammar requests fail)."""
+    (True), or off (False: no vocabulary is built; grammar requests fail).
+    `max_batch_prefill_tokens`: None = `pytgi serve`'s default for the device (smaller on CPU)."""
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
         model_id = demo_model_path()
+    device = envs.device_config()
+    if max_batch_prefill_tokens is None:
+        max_batch_prefill_tokens = default_max_batch_prefill_tokens(_platform(device.device))
     return EngineConfig(
         model=ModelConfig(
             model_id=model_id,
@@ -170,9 +175,18 @@ def engine_config(
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard),
-        device=envs.device_config(),
+        device=device,
         num_threads=num_threads,
     )
+
+
+def _platform(device: str) -> str:
+    """The platform the engine will pick (backends/selector.py)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _load_tokenizer(model: ModelConfig):

@@ -115,8 +115,9 @@ def test_rope_override_matches_transformers_with_that_scaling(flagged, tiny_mode
     source = tiny_model_factory("llama")
     scaled = prompt_logprobs(source, {"type": "linear", "factor": 2.0})
     unscaled = prompt_logprobs(source, None)
-    torch.testing.assert_close(served, scaled, atol=1e-3, rtol=1e-3)
-    assert (served - unscaled).abs().max() > 1e-2  # the override changed the model
+    # the tiny model's logprobs move by up to ~1e-2 with the scaling: far above the fp32 noise
+    torch.testing.assert_close(served, scaled, atol=5e-4, rtol=0)
+    assert (served - unscaled).abs().max() > 5e-3  # the override changed the model
 
 
 def test_rope_factor_alone_is_linear_scaling(servers):
