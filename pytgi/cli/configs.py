@@ -183,6 +183,28 @@ def expected_platform(config: DeviceConfig) -> str:
     return "cuda" if Path(NVIDIA_CONTROL_DEVICE).exists() and not hidden else "cpu"
 
 
+def visible_gpu_count() -> int:
+    """GPUs the engine would see, without importing torch: CUDA_VISIBLE_DEVICES when set, else
+    the driver's /dev/nvidiaN device files."""
+    visible = envs.cuda_visible_devices()
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    return len([p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit()])
+
+
+def check_visible_gpus(num_shard: int, platform: str, count: int | None = None) -> None:
+    """On CUDA each shard needs its own GPU: fewer visible than `--num-shard` is refused before
+    any rank starts (else a rank fails with a raw "invalid device ordinal")."""
+    if platform != "cuda" or num_shard <= 1:
+        return
+    count = visible_gpu_count() if count is None else count
+    if count < num_shard:
+        raise ConfigError(
+            f"--num-shard {num_shard} needs {num_shard} GPUs (one per shard), but {count} "
+            f"{'is' if count == 1 else 'are'} visible"
+        )
+
+
 def device_config(args: argparse.Namespace) -> DeviceConfig:
     """The environment's device config with the --cuda-* flags applied (TGI: `--cuda-graphs`
     unset = 1,2,4,8,16,32; `0` = no graphs)."""

@@ -86,6 +86,13 @@ def start_engine_and_router(args: argparse.Namespace):
         model_dir, allow_pickle_weights=model.allow_pickle_weights, quantize=model.quantize,
         weights_dir=model.weights_dir, **checks,
     )  # fmt: skip
+    platform = configs.expected_platform(engine_cfg.device)
+    if plan.quantize == "gguf" and platform != "cpu":
+        raise ConfigError(
+            f"GGUF models run on pytgi's CPU kernels only, and the engine would run on {platform} "
+            "(PYTGI_DEVICE=cpu serves them)"
+        )
+    configs.check_visible_gpus(engine_cfg.parallel.num_shard, platform)
     logger.info("Serving %s", plan.description)
     resolved = replace(model, model_id=str(model_dir), gguf_file=None)
     engine_cfg = replace(engine_cfg, model=resolved)

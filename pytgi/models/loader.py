@@ -255,6 +255,9 @@ def build_model(
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
     dtype = context.dtype
     checkpoint = _Checkpoint(model_config, model_dir)
+    if checkpoint.gguf is not None and context.platform_name != "cpu":
+        checkpoint.close()
+        raise ConfigError(gguf_platform_error(context.platform_name))
     quant_config = checkpoint.quant_config(hf_config, dtype, model_class)
     if quant_config is not None and context.platform_name != "cpu":
         raise ConfigError(
@@ -273,6 +276,13 @@ def build_model(
         architecture, entry.implementation, dtype, quantized, spec.num_layers, checkpoint.source,
     )  # fmt: skip
     return model.eval(), spec
+
+
+def gguf_platform_error(platform: str) -> str:
+    return (
+        f"GGUF models run on pytgi's CPU kernels only, and this engine runs on {platform} "
+        "(PYTGI_DEVICE=cpu serves them)"
+    )
 
 
 def release_freed_memory() -> None:
