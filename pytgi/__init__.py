@@ -8,11 +8,11 @@ __all__ = ["LLM", "SamplingParams", "__version__"]
 def __getattr__(name: str):
     # lazy, so `import pytgi` stays cheap for the API process and the CLI
     if name == "LLM":
-        from pytgi.engine.llm import LLM
+        from pytgi.runtime.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from pytgi.engine.sampling_params import SamplingParams
+        from pytgi.messages.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

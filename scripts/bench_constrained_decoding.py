@@ -106,8 +106,8 @@ class StepProbe:
 
 
 def requests_for(llm, mode: str, batch: int, max_new: int):
-    from pytgi.engine.request import EngineRequest
-    from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+    from pytgi.messages.request import EngineRequest
+    from pytgi.messages.sampling_params import GrammarSpec, SamplingParams, StoppingParams
 
     grammar = {
         "free": None,
@@ -217,8 +217,8 @@ def summarise(steps: dict, ratios: dict) -> dict:
 
 def compile_benchmark(llm, repeats: int) -> dict:
     from pytgi.config import GrammarConfig
-    from pytgi.engine.sampling_params import GrammarSpec
     from pytgi.grammar import GrammarCompiler
+    from pytgi.messages.sampling_params import GrammarSpec
 
     vocab = llm.core.grammar.vocab
     times: dict[str, list[float]] = defaultdict(list)
@@ -241,7 +241,7 @@ def compile_benchmark(llm, repeats: int) -> dict:
 
 def main() -> None:
     args = parse_args()
-    from pytgi.engine.llm import LLM
+    from pytgi.runtime.llm import LLM
 
     load_start = os.getloadavg()
     llm = LLM(args.model_id, num_threads=args.num_threads, max_batch_prefill_tokens=1024)

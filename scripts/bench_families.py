@@ -43,13 +43,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_engine(model_dir: Path, threads: int):
-    from pytgi.engine.engine_core import EngineCore
-    from pytgi.engine.llm import engine_config
+    from pytgi.runtime.build import build_engine_core, engine_config
 
     config = engine_config(
         str(model_dir), num_threads=threads, num_blocks=NUM_BLOCKS, max_batch_prefill_tokens=512
     )
-    return EngineCore.from_config(config)
+    return build_engine_core(config)
 
 
 def num_params(model_dir: Path) -> int:
@@ -86,8 +85,8 @@ def decode_rates(core, workload, vocab_size: int, seed: str) -> tuple[float, flo
     """(decode tokens per wall second, per CPU second, others' CPU share) of one run."""
     from pytgi.benchmark.engine import contention
     from pytgi.benchmark.engine.workloads import random_prompts
-    from pytgi.engine.request import EngineRequest
-    from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+    from pytgi.messages.request import EngineRequest
+    from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 
     prompts = random_prompts(workload, vocab_size, seed)
     for i, (spec, ids) in enumerate(zip(workload.requests, prompts, strict=True)):

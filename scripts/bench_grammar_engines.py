@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from pytgi.config import GrammarConfig
-from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.grammar.definition import grammar_definition, parser_limits
+from pytgi.messages.sampling_params import GrammarSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grammar_cases import BAD, REALISTIC  # noqa: E402

@@ -31,8 +31,8 @@ def add_generate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_params(args: argparse.Namespace):
-    from pytgi.engine.sampling_params import SamplingParams
     from pytgi.errors import ValidationError
+    from pytgi.messages.sampling_params import SamplingParams
 
     temperature = 1.0 if args.temperature is None else args.temperature
     if temperature <= 0:
@@ -59,9 +59,9 @@ def run_generate(args: argparse.Namespace) -> int:
     envs.set_default_threading_env()
     from pytgi.cli.configs import check_quantize, model_config
     from pytgi.cli.preflight import check_model_config, check_model_dir
-    from pytgi.engine.llm import LLM
     from pytgi.errors import PytgiError
     from pytgi.models.resolve import resolve_model
+    from pytgi.runtime.llm import LLM
     from pytgi.tokenizer.detokenizer import IncrementalDetokenizer
 
     try:

@@ -63,6 +63,7 @@ def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
     from pytgi.models.resolve import resolve_model
     from pytgi.router.infer import Infer
+    from pytgi.runtime.build import build_engine_core
     from pytgi.tokenizer.tokenizer import Tokenizer
 
     model = configs.model_config(args)
@@ -98,7 +99,7 @@ def start_engine_and_router(args: argparse.Namespace):
     engine_cfg = replace(engine_cfg, model=resolved)
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     start = time.perf_counter()
-    engine = MultiprocEngineClient.start(engine_cfg, json_logs=args.json_output)
+    engine = MultiprocEngineClient.start(engine_cfg, build_engine_core, json_logs=args.json_output)
     cache = engine.cache_info
     logger.info(
         "Engine ready in %.2fs: %d KV blocks of %d tokens, dtype %s on %s",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pytgi.config import CacheInfo
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import EngineRequest
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import EngineRequest
 
 
 @dataclass

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
-from pytgi.engine.executor import Executor
 from pytgi.engine.grammar_manager import GrammarManager
 from pytgi.engine.kv_cache_manager import KVCacheManager
-from pytgi.engine.outputs import RequestOutput, SchedulerOutput
-from pytgi.engine.request import EngineRequest, Request
+from pytgi.engine.request import Request
 from pytgi.engine.scheduler import Scheduler
 from pytgi.errors import EngineDeadError
+from pytgi.messages.executor import Executor
+from pytgi.messages.outputs import RequestOutput, SchedulerOutput
+from pytgi.messages.request import EngineRequest
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +46,9 @@ class EngineCore:
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
 
     @classmethod
-    def from_config(
-        cls, config: EngineConfig, on_rank_death: Callable[[str], None] | None = None
-    ) -> EngineCore:
-        """`on_rank_death(message)`: called once, from another thread, if a tensor-parallel rank
-        dies (at start-up too), so the caller can report it before the next step fails."""
-        from pytgi.worker.executor import create_executor
-
-        executor = create_executor(config, on_rank_death)
+    def start(cls, config: EngineConfig, executor: Executor) -> EngineCore:
+        """Initialise `executor` (load, warm up, size the KV cache) and build the engine around
+        it. Whoever builds the engine chooses the executor (pytgi.runtime.build_engine_core)."""
         cache_info = executor.initialize()
         try:
             grammar = GrammarManager.from_config(config, cache_info.vocab_size)

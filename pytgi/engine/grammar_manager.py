@@ -22,8 +22,8 @@ from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 from pytgi.config import EngineConfig, GrammarConfig
-from pytgi.engine.outputs import SchedulerOutput
 from pytgi.engine.request import Request
+from pytgi.messages.outputs import SchedulerOutput
 
 if TYPE_CHECKING:
     from pytgi.grammar import GrammarVocab
@@ -125,9 +125,11 @@ class GrammarManager:
 def load_vocab(config: EngineConfig, vocab_size: int) -> GrammarVocab:
     """The grammar engine's vocabulary from the model's tokenizer, as wide as its logits."""
     from pytgi.grammar import GrammarVocab
-    from pytgi.models.resolve import resolve_model
     from pytgi.tokenizer.tokenizer import Tokenizer
+    from pytgi.utils.hub import resolve_model_dir
 
-    model = config.model  # a GGUF model's tokenizer is in its prepared directory
-    tokenizer = Tokenizer.from_dir(resolve_model(model), config_path=model.tokenizer_config_path)
+    model = config.model
+    tokenizer = Tokenizer.from_dir(
+        resolve_model_dir(model), config_path=model.tokenizer_config_path
+    )
     return GrammarVocab.from_tokenizer(tokenizer, vocab_size or None)

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 
 from pytgi.engine.client import EngineStats, apply_commands
 from pytgi.engine.engine_core import EngineCore
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import EngineRequest
 from pytgi.engine.stream import OutputRouter
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import EngineRequest
 
 logger = logging.getLogger(__name__)
 

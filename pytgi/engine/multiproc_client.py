@@ -14,16 +14,23 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats, apply_commands
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import EngineRequest
 from pytgi.engine.stream import OutputRouter
 from pytgi.errors import EngineDeadError, ModelLoadError, PytgiError
 
+if TYPE_CHECKING:
+    from pytgi.engine.engine_core import EngineCore
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import EngineRequest
+
 logger = logging.getLogger(__name__)
+
+# (config, on_rank_death) -> a started engine; runs in the engine process
+BuildCore = Callable[[EngineConfig, Callable[[str], None]], "EngineCore"]
 
 
 class MultiprocEngineClient:
@@ -41,12 +48,19 @@ class MultiprocEngineClient:
 
     @classmethod
     def start(
-        cls, config: EngineConfig, timeout_s: float = 3600.0, json_logs: bool = False
+        cls,
+        config: EngineConfig,
+        build_core: BuildCore,
+        timeout_s: float = 3600.0,
+        json_logs: bool = False,
     ) -> MultiprocEngineClient:
-        """Spawn the engine process and wait until it has loaded and warmed up the model."""
+        """Spawn the engine process and wait until it has loaded and warmed up the model.
+
+        `build_core` (a module-level function, so that it pickles) builds the engine in the new
+        process: pytgi.runtime.build_engine_core."""
         ctx = mp.get_context("spawn")
         commands, results = ctx.Queue(), ctx.Queue()
-        args = (config, commands, results, os.getpid(), json_logs)
+        args = (config, build_core, commands, results, os.getpid(), json_logs)
         process = ctx.Process(target=run_engine, args=args, name="pytgi-engine")
         process.start()
         kind, payload, stats = _wait_ready(process, results, timeout_s)
@@ -147,9 +161,15 @@ def _wait_ready(process, results, timeout_s: float) -> tuple[str, object, Engine
     return "error", f"engine did not become ready within {timeout_s:.0f}s", None
 
 
-def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_logs: bool) -> None:
+def run_engine(
+    config: EngineConfig,
+    build_core: BuildCore,
+    commands,
+    results,
+    parent_pid: int,
+    json_logs: bool,
+) -> None:
     """Engine process entry point: load, warm up, report ready, then step until told to stop."""
-    from pytgi.engine.engine_core import EngineCore
     from pytgi.utils.logging import setup_logging
     from pytgi.utils.process import exit_when_orphaned, ignore_terminal_interrupts
 
@@ -161,7 +181,7 @@ def run_engine(config: EngineConfig, commands, results, parent_pid: int, json_lo
         results.put(("dead", reason, None))
 
     try:
-        core = EngineCore.from_config(config, on_rank_death=report_rank_death)
+        core = build_core(config, report_rank_death)
     except PytgiError as exc:  # a named cause: the launcher logs it, once, as its last line
         results.put(("error", exc.message, None))
         return

@@ -9,11 +9,11 @@ decode and recompute are all this one piece of arithmetic.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest, FinishReason, MultimodalInput
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 
 if TYPE_CHECKING:  # llguidance-backed, loaded only when grammars are on
     from pytgi.grammar import GrammarMatcher, PendingGrammar
@@ -24,40 +24,6 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class FinishReason(str, enum.Enum):
-    """TGI's finish reasons (wire values)."""
-
-    LENGTH = "length"
-    EOS_TOKEN = "eos_token"
-    STOP_SEQUENCE = "stop_sequence"
-    # client gone or stop string matched by the router; never reported to a client
-    ABORTED = "aborted"
-
-
-@dataclass(frozen=True)
-class MultimodalInput:
-    """A non-text input placed in the prompt: `length` placeholder tokens from `offset` stand for
-    it. Carried to the workers for models that encode it (none of pytgi's text models do yet)."""
-
-    modality: str  # e.g. "image"
-    offset: int
-    length: int
-    data: bytes = b""
-
-
-@dataclass
-class EngineRequest:
-    """What the API process submits: token ids and parameters, never text."""
-
-    request_id: str
-    prompt_ids: list[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stopping: StoppingParams = field(default_factory=StoppingParams)
-    arrival_time_s: float = field(default_factory=time.monotonic)
-    adapter_id: str | None = None  # LoRA adapter; an unknown id uses the base model (as TGI)
-    multimodal_inputs: tuple[MultimodalInput, ...] = ()
 
 
 @dataclass

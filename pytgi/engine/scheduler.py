@@ -28,7 +28,10 @@ from contextlib import suppress
 from pytgi.config import SchedulerConfig
 from pytgi.engine.grammar_manager import GrammarManager
 from pytgi.engine.kv_cache_manager import KVCacheManager
-from pytgi.engine.outputs import (
+from pytgi.engine.request import Request, RequestStatus
+from pytgi.engine.speculation import NgramProposer
+from pytgi.engine.stopping import check_stop, make_delta
+from pytgi.messages.outputs import (
     ErrorKind,
     ModelOutput,
     NewRequestData,
@@ -37,9 +40,7 @@ from pytgi.engine.outputs import (
     ScheduledRequest,
     SchedulerOutput,
 )
-from pytgi.engine.request import FinishReason, Request, RequestStatus
-from pytgi.engine.speculation import NgramProposer
-from pytgi.engine.stopping import check_stop, make_delta
+from pytgi.messages.request import FinishReason
 
 GRAMMARLESS_ENGINE = "constrained decoding is off in this engine"
 

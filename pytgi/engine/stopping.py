@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 
-from pytgi.engine.outputs import RequestOutput, SampledToken
-from pytgi.engine.request import FinishReason, Request
+from pytgi.engine.request import Request
+from pytgi.messages.outputs import RequestOutput, SampledToken
+from pytgi.messages.request import FinishReason
 
 
 def check_stop(request: Request, token_id: int) -> FinishReason | None:

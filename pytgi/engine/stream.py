@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from pytgi.engine.outputs import RequestOutput
+from pytgi.messages.outputs import RequestOutput
 
 
 class OutputRouter:

@@ -25,7 +25,7 @@ from pytgi.grammar.matcher import NON_VERBOSE_MARK, GrammarMatcher
 from pytgi.grammar.vocab import GrammarVocab
 
 if TYPE_CHECKING:  # the spec type lives with the engine's parameters
-    from pytgi.engine.sampling_params import GrammarSpec
+    from pytgi.messages.sampling_params import GrammarSpec
 
 UNSATISFIABLE = "no output can satisfy the grammar"
 

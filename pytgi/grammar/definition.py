@@ -14,7 +14,7 @@ import llguidance
 from pytgi.config import GrammarConfig
 
 if TYPE_CHECKING:  # the spec type lives with the engine's parameters
-    from pytgi.engine.sampling_params import GrammarSpec
+    from pytgi.messages.sampling_params import GrammarSpec
 
 # JSON is written the way json.dumps writes it: `{"a": 1, "b": [2, 3]}`. A fixed layout keeps a
 # weak model from emitting whitespace forever (free whitespace is an endless-loop trap) and costs

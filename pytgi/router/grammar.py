@@ -21,8 +21,8 @@ from functools import lru_cache
 from typing import Any
 
 from pytgi.config import GrammarConfig
-from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.errors import ValidationError
+from pytgi.messages.sampling_params import GrammarSpec
 from pytgi.router.errors import input_error
 from pytgi.router.params import GrammarParam
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
 from pytgi.engine.client import EngineClient
-from pytgi.engine.outputs import ErrorKind, RequestOutput
-from pytgi.engine.request import FinishReason
 from pytgi.errors import IncompleteGenerationError, OverloadedError
+from pytgi.messages.outputs import ErrorKind, RequestOutput
+from pytgi.messages.request import FinishReason
 from pytgi.router import request_metrics
 from pytgi.router.chat import ChatRenderer
 from pytgi.router.errors import IncompleteStreamError, generation_error

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, SkipValidation, model_serializer
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from pytgi.engine.request import FinishReason
+from pytgi.messages.request import FinishReason
 from pytgi.router.params import GrammarParam
 
 # a FinishReason (a `str` enum) kept as it is, a plain string in the OpenAPI document (as TGI

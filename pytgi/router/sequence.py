@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pytgi.engine.outputs import RequestOutput, SampledToken
-from pytgi.engine.request import FinishReason
+from pytgi.messages.outputs import RequestOutput, SampledToken
+from pytgi.messages.request import FinishReason
 from pytgi.router import request_metrics
 from pytgi.router.outputs import BestOfSequence, PrefillToken, Token
 from pytgi.router.stop import StopSequenceMatcher

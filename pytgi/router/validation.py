@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
-from pytgi.engine.request import EngineRequest
-from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest
+from pytgi.messages.sampling_params import GrammarSpec, SamplingParams, StoppingParams
 from pytgi.router.errors import input_error
 from pytgi.router.grammar import NOT_SUPPORTED, compile_check, parse_grammar
 from pytgi.router.params import GenerateParameters

@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.sampling_params import SamplingParams
 
 RowFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

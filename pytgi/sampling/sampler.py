@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from pytgi.engine.outputs import SampledToken
 from pytgi.grammar.bitmask import apply_token_bitmask_
+from pytgi.messages.outputs import SampledToken
 from pytgi.sampling.logprobs import compute_top_n
 from pytgi.sampling.metadata import GrammarMasks, PenaltyInputs, SampleRow, SamplingMetadata
 from pytgi.sampling.processors import (

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from pytgi.engine.request import FinishReason
+from pytgi.messages.request import FinishReason
 from pytgi.router.outputs import Generation, StreamEvent, Token, ToolCall
 from pytgi.server.context import ServerContext
 

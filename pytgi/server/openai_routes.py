@@ -18,8 +18,8 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.engine.request import FinishReason
 from pytgi.errors import TemplateError, ToolError, ValidationError
+from pytgi.messages.request import FinishReason
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
 from pytgi.router.tools import NO_TOOL, parse_tool_call

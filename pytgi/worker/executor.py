@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pytgi import envs
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.parallel_state import destroy_distributed
-from pytgi.engine.executor import Executor
-from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import EngineDeadError, PytgiError
+from pytgi.messages.executor import Executor
+from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 from pytgi.worker.step_transport import send_step
 from pytgi.worker.supervisor import RankSupervisor
 from pytgi.worker.worker import Worker

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pytgi.backends.base import AttentionBatch
-from pytgi.engine.outputs import SchedulerOutput
+from pytgi.messages.outputs import SchedulerOutput
 from pytgi.sampling.metadata import SampleRow
 from pytgi.worker.request_states import RequestStates
 

@@ -24,11 +24,11 @@ import torch
 from pytgi.backends.base import KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import get_tp_info
-from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
 from pytgi.layers.rotary import RotaryEmbedding
+from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-from pytgi.engine.request import MultimodalInput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from pytgi.messages.request import MultimodalInput
+from pytgi.messages.sampling_params import SamplingParams
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.utils.math import cdiv
 
 MAX_WARMUP_PREFILL_TOKENS = 4096

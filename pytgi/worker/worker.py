@@ -17,8 +17,8 @@ from pytgi.backends.selector import select_platform
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.comm import tp_barrier, tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
-from pytgi.engine.outputs import ModelOutput, SchedulerOutput
 from pytgi.errors import ModelLoadError, PytgiError
+from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 from pytgi.worker.model_runner import ModelRunner
 from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS

@@ -18,7 +18,7 @@ from text_generation import Client
 
 from e2e.server import ServerProcess, free_port
 from pytgi.backends.cpu import kernels
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 
 PROMPTS = ["Hello world", "The quick brown fox", "1 2 3"]
 NEW_TOKENS = 12

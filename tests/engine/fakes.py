@@ -7,7 +7,7 @@ engine also checks the step contract's deltas (new requests, new tokens, new blo
 from __future__ import annotations
 
 from pytgi.config import CacheInfo
-from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
+from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.worker.request_states import RequestStates
 
 VOCAB = 1000

@@ -16,7 +16,8 @@ LAUNCHER = """
 import sys
 from pytgi.config import EngineConfig, ModelConfig
 from pytgi.engine.multiproc_client import MultiprocEngineClient
-MultiprocEngineClient.start(EngineConfig(model=ModelConfig(model_id=sys.argv[1])))
+from pytgi.runtime.build import build_engine_core
+MultiprocEngineClient.start(EngineConfig(model=ModelConfig(model_id=sys.argv[1])), build_engine_core)
 """
 
 

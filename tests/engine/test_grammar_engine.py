@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from pytgi.config import GrammarConfig
-from pytgi.engine.llm import LLM
-from pytgi.engine.outputs import ErrorKind
-from pytgi.engine.request import EngineRequest, FinishReason
-from pytgi.engine.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+from pytgi.messages.outputs import ErrorKind
+from pytgi.messages.request import EngineRequest, FinishReason
+from pytgi.messages.sampling_params import GrammarSpec, SamplingParams, StoppingParams
+from pytgi.runtime.llm import LLM
 
 PERSON = {
     "type": "object",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from pytgi.config import default_max_batch_prefill_tokens
-from pytgi.engine.llm import LLM
-from pytgi.engine.sampling_params import GrammarSpec, SamplingParams
+from pytgi.messages.sampling_params import GrammarSpec, SamplingParams
+from pytgi.runtime.llm import LLM
 
 
 def test_llm_on_a_gguf_file_constrains_and_uses_the_serve_budget(smollm2_gguf):

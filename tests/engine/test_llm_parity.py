@@ -9,8 +9,8 @@ import torch
 from fixtures.tiny_models import ARCHS
 from models.runner_utils import load_hf, prompt
 
-from pytgi.engine.llm import LLM
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.sampling_params import SamplingParams
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 32
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from models.runner_utils import prompt
 
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 24
 

@@ -10,8 +10,8 @@ from engine.fakes import FakeExecutor, next_token
 
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from pytgi.engine.engine_core import EngineCore
-from pytgi.engine.request import EngineRequest, FinishReason
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest, FinishReason
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 
 
 def make_core(

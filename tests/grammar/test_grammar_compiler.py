@@ -11,8 +11,8 @@ import pytest
 from grammar_test_cases import INVALID, deep_schema, many_tools
 
 from pytgi.config import GrammarConfig
-from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.grammar import GrammarCompiler, GrammarError, PendingGrammar, check_grammar
+from pytgi.messages.sampling_params import GrammarSpec
 
 CONFIG = GrammarConfig()
 # generous: the limits make these milliseconds; the machine is shared

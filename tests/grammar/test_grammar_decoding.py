@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from grammar_test_cases import REGEXES, SCHEMAS
 
-from pytgi.engine.sampling_params import GrammarSpec
+from pytgi.messages.sampling_params import GrammarSpec
 
 SEEDS = (0, 1, 2)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.grammar import BitmaskFiller
 from pytgi.grammar.bitmask import apply_token_bitmask_, banned_tokens
+from pytgi.messages.sampling_params import GrammarSpec
 
 SCHEMA = {
     "type": "object",

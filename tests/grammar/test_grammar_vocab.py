@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from pytgi.engine.llm import LLM
 from pytgi.grammar import GrammarVocab
+from pytgi.runtime.llm import LLM
 
 # what transformers' GGUF tokenizer converter writes for a byte-level BPE (e.g. SmolLM2's GGUF)
 GGUF_CONVERTER_DECODER = {

@@ -11,9 +11,9 @@ import torch
 
 from pytgi.backends.base import AttentionBatch, AttentionParams, kv_cache_spec
 from pytgi.backends.cpu.attention import CpuAttentionBackend
-from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-from pytgi.engine.sampling_params import SamplingParams
 from pytgi.layers.build_context import current_build_context
+from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.worker.input_builder import InputBuilder
 from pytgi.worker.request_states import RequestStates
 

@@ -75,8 +75,8 @@ def _check_vocab(rank):
 
 def _check_step_transport(rank: int) -> None:
     """Rank 0's step inputs reach rank 1 unchanged over the control group; None means stop."""
-    from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-    from pytgi.engine.sampling_params import SamplingParams
+    from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+    from pytgi.messages.sampling_params import SamplingParams
     from pytgi.worker.input_builder import InputBuilder
     from pytgi.worker.request_states import RequestStates
     from pytgi.worker.step_transport import receive_step, send_step

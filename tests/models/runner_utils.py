@@ -11,8 +11,8 @@ import torch
 from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
-from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.worker.model_runner import ModelRunner
 
 BLOCK_SIZE = 16

@@ -24,7 +24,7 @@ import torch
 from models.runner_utils import load_hf, prompt
 from safetensors.torch import load_file, save_file
 
-from pytgi.engine.llm import LLM
+from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 32
 SHARED = prompt(20, 1)

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from pytgi.engine.client import EngineStats
-from pytgi.engine.outputs import RequestOutput, SampledToken
-from pytgi.engine.request import EngineRequest, FinishReason
+from pytgi.messages.outputs import RequestOutput, SampledToken
+from pytgi.messages.request import EngineRequest, FinishReason
 
 Script = Callable[[EngineRequest], list[RequestOutput]]
 

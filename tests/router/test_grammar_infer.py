@@ -14,8 +14,8 @@ from fixtures.tools import CLOCK, WEATHER
 from router.fake_engine import FakeEngine, constrained_script
 
 from pytgi.config import LimitsConfig
-from pytgi.engine.request import FinishReason
 from pytgi.errors import ValidationError
+from pytgi.messages.request import FinishReason
 from pytgi.router.infer import Infer
 from pytgi.router.params import GenerateParameters as P
 from pytgi.router.params import GrammarParam

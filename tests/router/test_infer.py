@@ -9,14 +9,14 @@ import pytest
 from fake_engine import FakeEngine, token_deltas
 
 from pytgi.config import LimitsConfig
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import FinishReason
 from pytgi.errors import (
     GenerationError,
     IncompleteGenerationError,
     OverloadedError,
     ValidationError,
 )
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import FinishReason
 from pytgi.router.infer import Infer
 from pytgi.router.params import GenerateParameters as P
 

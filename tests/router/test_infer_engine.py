@@ -10,8 +10,8 @@ from engine.fakes import FakeExecutor
 from engine.test_scheduler import make_core
 
 from pytgi.engine.inproc_client import InprocEngineClient
-from pytgi.engine.outputs import ModelOutput, SampledToken, SchedulerOutput
-from pytgi.engine.request import FinishReason
+from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
+from pytgi.messages.request import FinishReason
 from pytgi.router.infer import Infer
 from pytgi.router.params import GenerateParameters as P
 

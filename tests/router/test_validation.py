@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pytgi.config import LimitsConfig
-from pytgi.engine.sampling_params import GrammarSpec
 from pytgi.errors import ValidationError
+from pytgi.messages.sampling_params import GrammarSpec
 from pytgi.router.grammar import as_tgi_schema
 from pytgi.router.params import GenerateParameters, GrammarParam
 from pytgi.router.validation import Validator

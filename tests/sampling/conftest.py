@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.sampling.metadata import SampleRow
 
 torch.set_num_threads(1)

@@ -17,9 +17,9 @@ from typing import Any
 
 from pytgi.config import CacheInfo
 from pytgi.engine.client import EngineStats
-from pytgi.engine.outputs import RequestOutput, SampledToken
-from pytgi.engine.request import EngineRequest, FinishReason
 from pytgi.errors import PytgiError, ToolError
+from pytgi.messages.outputs import RequestOutput, SampledToken
+from pytgi.messages.request import EngineRequest, FinishReason
 from pytgi.router.outputs import (
     ChatPrompt,
     Generation,

@@ -20,16 +20,13 @@ MESSAGES = [{"role": "user", "content": "Hello"}]
 
 @pytest.fixture(scope="module")
 def live(tiny_model_factory):
-    from pytgi.engine.engine_core import EngineCore
     from pytgi.engine.inproc_client import InprocEngineClient
-    from pytgi.engine.llm import engine_config
     from pytgi.router.infer import Infer
+    from pytgi.runtime.build import build_engine_core, engine_config
     from pytgi.tokenizer.tokenizer import Tokenizer
 
     model_dir = tiny_model_factory("llama")
-    engine = InprocEngineClient(
-        EngineCore.from_config(engine_config(str(model_dir), num_blocks=64))
-    )
+    engine = InprocEngineClient(build_engine_core(engine_config(str(model_dir), num_blocks=64)))
     config = server_config()
     infer = Infer(engine, Tokenizer.from_dir(model_dir), config.limits, engine.cache_info)
     app = create_app(infer, engine, config, engine.cache_info, model_info={"model_id": MODEL_ID})

@@ -3,8 +3,8 @@ draft token too), prompt-logprob spans; RequestStates applies each step's deltas
 
 from __future__ import annotations
 
-from pytgi.engine.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
+from pytgi.messages.sampling_params import SamplingParams
 from pytgi.worker.input_builder import InputBuilder
 from pytgi.worker.request_states import RequestStates
 

@@ -10,7 +10,7 @@ from models.runner_utils import load_hf, prompt
 def test_llm_greedy_matches_generate_with_chunks_and_prefix_hits(tiny_model_factory):
     from transformers import GenerationConfig
 
-    from pytgi.engine.llm import LLM
+    from pytgi.runtime.llm import LLM
 
     torch.set_num_threads(1)
     model_dir = tiny_model_factory("mistral")  # sliding window 24: decode runs past it

@@ -16,9 +16,9 @@ from pytgi.benchmark.engine.trace import RequestTrace, RunTrace
 from pytgi.benchmark.engine.workloads import Workload
 from pytgi.engine.client import EngineStats
 from pytgi.engine.engine_core import EngineCore
-from pytgi.engine.llm import engine_config
-from pytgi.engine.request import EngineRequest
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.messages.request import EngineRequest
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
+from pytgi.runtime.build import build_engine_core, engine_config
 
 
 def create_engine(
@@ -38,7 +38,7 @@ def create_engine(
     }
     if max_batch_prefill_tokens is not None:
         options["max_batch_prefill_tokens"] = max_batch_prefill_tokens
-    return EngineCore.from_config(engine_config(model_id, **options))
+    return build_engine_core(engine_config(model_id, **options))
 
 
 class PytgiRunner:

@@ -46,7 +46,7 @@ def small_memory_fraction(headroom_bytes: int = 512 << 20) -> str:
 
 
 def test_engine_captures_after_kv_sizing_and_matches_eager(tiny_model_factory, monkeypatch, caplog):
-    from pytgi.engine.llm import LLM
+    from pytgi.runtime.llm import LLM
 
     model_dir = tiny_model_factory("llama")
     prompts = [prompt(9, seed=1), prompt(30, seed=2), prompt(4, seed=3)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from pytgi.config import CacheInfo
-from pytgi.engine.outputs import ModelOutput, SchedulerOutput
+from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 
 
 class Executor(ABC):

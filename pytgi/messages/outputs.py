@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pytgi.engine.request import FinishReason, MultimodalInput
-from pytgi.engine.sampling_params import SamplingParams
+from pytgi.messages.request import FinishReason, MultimodalInput
+from pytgi.messages.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import numpy as np

@@ -16,20 +16,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from pytgi import envs
-from pytgi.config import (
-    CacheConfig,
-    EngineConfig,
-    GrammarConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    default_max_batch_prefill_tokens,
-)
-from pytgi.engine.engine_core import EngineCore
-from pytgi.engine.outputs import RequestOutput
-from pytgi.engine.request import EngineRequest, FinishReason
-from pytgi.engine.sampling_params import SamplingParams, StoppingParams
+from pytgi.config import ModelConfig
+from pytgi.messages.outputs import RequestOutput
+from pytgi.messages.request import EngineRequest, FinishReason
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
+from pytgi.runtime.build import build_engine_core, engine_config
 
 
 @dataclass
@@ -46,8 +37,8 @@ class GenerationOutput:
 
 class LLM:
     def __init__(self, model_id: str | None = None, **options):
-        self.config = engine_config(model_id, **options)
-        self.core = EngineCore.from_config(self.config)
+        self.config = _resolved(engine_config(model_id, **options))
+        self.core = build_engine_core(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
 
     def generate(
@@ -118,75 +109,13 @@ def _apply(out: GenerationOutput, delta: RequestOutput) -> None:
         out.num_cached_tokens = delta.num_cached_tokens
 
 
-def engine_config(
-    model_id: str | None = None,
-    *,
-    dtype: str | None = None,
-    revision: str | None = None,
-    block_size: int = 16,
-    num_blocks: int | None = None,
-    enable_prefix_caching: bool = True,
-    max_batch_prefill_tokens: int | None = None,
-    max_batch_total_tokens: int | None = None,
-    max_batch_size: int | None = None,
-    num_shard: int = 1,
-    num_threads: int | None = None,
-    speculate: int = 0,
-    grammar: GrammarConfig | bool = True,
-    implementation: str = "auto",
-    trust_remote_code: bool = False,
-    allow_pickle_weights: bool = False,
-    quantize: str | None = None,
-    gguf_file: str | None = None,
-) -> EngineConfig:
-    """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
+def _resolved(config):
+    """The config with its model resolved to the local directory every part reads, as the
+    launcher does: a GGUF file's prepared directory (its tokenizer, for the grammar engine too)."""
+    from pytgi.models.resolve import resolve_model
 
-    `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
-    (True), or off (False: no vocabulary is built; grammar requests fail).
-    `max_batch_prefill_tokens`: None = `pytgi serve`'s default for the device (smaller on CPU)."""
-    if model_id is None:
-        from pytgi.demo_model import demo_model_path
-
-        model_id = demo_model_path()
-    device = envs.device_config()
-    if max_batch_prefill_tokens is None:
-        max_batch_prefill_tokens = default_max_batch_prefill_tokens(_platform(device.device))
-    return EngineConfig(
-        model=ModelConfig(
-            model_id=model_id,
-            revision=revision,
-            dtype=dtype,
-            implementation=implementation,
-            trust_remote_code=trust_remote_code,
-            allow_pickle_weights=allow_pickle_weights,
-            quantize=quantize,
-            gguf_file=gguf_file,
-        ),
-        cache=CacheConfig(
-            block_size=block_size,
-            num_blocks=num_blocks,
-            enable_prefix_caching=enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_batch_prefill_tokens=max_batch_prefill_tokens,
-            max_batch_total_tokens=max_batch_total_tokens,
-            max_batch_size=max_batch_size,
-            num_speculative_tokens=speculate,
-        ),
-        grammar=GrammarConfig() if grammar is True else grammar or None,
-        parallel=ParallelConfig(num_shard=num_shard),
-        device=device,
-        num_threads=num_threads,
-    )
-
-
-def _platform(device: str) -> str:
-    """The platform the engine will pick (backends/selector.py)."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    model = replace(config.model, model_id=str(resolve_model(config.model)), gguf_file=None)
+    return replace(config, model=model)
 
 
 def _load_tokenizer(model: ModelConfig):
