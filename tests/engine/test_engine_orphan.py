@@ -17,7 +17,8 @@ import sys
 from pytgi.config import EngineConfig, ModelConfig
 from pytgi.engine.multiproc_client import MultiprocEngineClient
 from pytgi.runtime.build import build_engine_core
-MultiprocEngineClient.start(EngineConfig(model=ModelConfig(model_id=sys.argv[1])), build_engine_core)
+config = EngineConfig(model=ModelConfig(model_id=sys.argv[1]))
+MultiprocEngineClient.start(config, build_engine_core)
 """
 
 
