@@ -20,6 +20,7 @@ from pytgi.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+EXPORT_TIMEOUT_S = 5  # per export: an unreachable collector must not hold up a shutdown for long
 _provider = None  # the SDK's TracerProvider once setup() ran
 _tracer = None
 
@@ -53,7 +54,7 @@ def setup(endpoint: str, service_name: str) -> None:
         ) from None
     insecure = not endpoint.startswith("https://")
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=EXPORT_TIMEOUT_S)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     _provider, _tracer = provider, provider.get_tracer("pytgi")
     logger.info("Exporting OpenTelemetry spans to %s as %s", endpoint, service_name)
