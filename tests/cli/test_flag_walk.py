@@ -12,6 +12,7 @@ and ignored.
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -198,6 +199,17 @@ def documented_noops() -> set[str]:
 
 
 REFUSED = {flag.name: flag for flag in REFUSED_FLAGS}
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """The launcher points the root logger at this test's (captured, then closed) stderr: put
+    the handlers back so later tests do not log into a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_every_accepted_flag_is_wired_refused_or_a_documented_noop():
