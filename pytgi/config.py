@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pytgi import envs
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
 ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
@@ -66,6 +68,9 @@ class ModelConfig:
     # --weights-cache-override: the directory the weight files are read from (config and
     # tokenizer still come from the model); None: the model's own directory
     weights_dir: str | None = None
+    # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
+    # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
+    quantize_activations: str | None = field(default_factory=envs.quant_activations)
 
     def __post_init__(self):
         if self.rope_scaling is not None:
@@ -74,6 +79,11 @@ class ModelConfig:
                 raise ConfigError(f"--rope-scaling must be one of {', '.join(ROPE_SCALINGS)}")
             if not factor > 0:
                 raise ConfigError(f"--rope-factor must be > 0, got {factor}")
+        if self.quantize_activations not in (None, *QUANT_ACTIVATIONS):
+            raise ConfigError(
+                f"--quantize-activations must be one of {', '.join(QUANT_ACTIVATIONS)}, "
+                f"got '{self.quantize_activations}'"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.implementation not in MODEL_IMPLEMENTATIONS:
@@ -233,6 +243,9 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+    # and their estimated memory (grammar/compiler.py, `estimated_bytes`): the engine's host
+    # memory for compiled grammars, taken from the KV cache's budget on CPU
+    cache_bytes: int = 256 << 20
 
     def __post_init__(self):
         if not self.compile_timeout_s > 0:

@@ -26,6 +26,7 @@ from pytgi.config import (
     default_max_batch_prefill_tokens,
 )
 from pytgi.errors import ConfigError
+from pytgi.layers.quantization.activations import activations_for
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             getattr(args, "rope_scaling", None), getattr(args, "rope_factor", None)
         ),
         weights_dir=getattr(args, "weights_cache_override", None),
+        quantize_activations=getattr(args, "quantize_activations", None)
+        or envs.quant_activations(),
     )
 
 
@@ -64,7 +67,9 @@ def rope_override(kind: str | None, factor: float | None) -> tuple[str, float] |
     return (kind or "linear", 1.0 if factor is None else factor)
 
 
-def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
+def check_quantize(
+    quantize: str | None, dtype: str | None, platform: str = "cpu", activations: str | None = None
+) -> None:
     """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
     engine that will not run on the CPU are refused before anything loads (the engine checks
     again when it builds the model)."""
@@ -85,6 +90,7 @@ def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {dtype})"
         )
+    activations_for(quantize, activations)
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -106,7 +112,10 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_refused_flags(args)
     apply_llama_cpp_aliases(args)
     check_limits(args)
-    check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
+    check_quantize(
+        args.quantize, args.dtype, expected_platform(device_config(args)),
+        model.quantize_activations,
+    )  # fmt: skip
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -161,6 +170,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
         compile_threads=args.grammar_compile_threads,
         mask_threads=args.grammar_mask_threads,
         cache_size=args.grammar_cache_size,
+        cache_bytes=args.grammar_cache_bytes,
     )
 
 

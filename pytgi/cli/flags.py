@@ -68,6 +68,15 @@ def _quantize_help() -> str:
 
 
 QUANTIZE_FLAG = Flag("--quantize", _quantize_help(), choices=QUANTIZE)
+QUANTIZE_ACTIVATIONS_FLAG = Flag(
+    "--quantize-activations",
+    "pytgi extension: the activations of the quantized kernels (also PYTGI_QUANT_ACTIVATIONS). "
+    "Default: each method as TGI computes it (eetq, bitsandbytes-nf4/fp4, fp8: full-precision "
+    "activations; bitsandbytes LLM.int8: int8 with outlier features; GGUF: int8 blocks, as "
+    "llama.cpp). int8: quantize activations per row and 32-wide block (faster, less exact; not "
+    "for nf4/fp4/fp8); fp32: exact products with the dequantized weights",
+    choices=("int8", "fp32"),
+)
 
 
 MODEL_FLAGS = [
@@ -129,6 +138,7 @@ ENGINE_FLAGS = [
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
+    QUANTIZE_ACTIVATIONS_FLAG,
     Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
     Flag(
         "--cuda-graphs",
@@ -305,6 +315,13 @@ GRAMMAR_FLAGS = [
         _GRAMMAR.mask_threads,
     ),  # fmt: skip
     Flag("--grammar-cache-size", "Compiled grammars kept", int, _GRAMMAR.cache_size),
+    Flag(
+        "--grammar-cache-bytes",
+        "Estimated memory of the compiled grammars kept (the least recently used go first); on "
+        "CPU it is taken from the KV cache's memory budget at start-up",
+        int,
+        _GRAMMAR.cache_bytes,
+    ),
 ]
 
 # TGI's llama.cpp backend (the launcher a CPU user of TGI runs with a GGUF file): the flags with a

@@ -8,7 +8,8 @@ further, e.g. past max_position_embeddings with dynamic NTK). Its forward maps t
 positions to (cos, sin) once per step; every attention layer then rotates q and k with its
 `ApplyRotary`. The inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear,
 dynamic, yarn, llama3, longrope) follow the published formulas and are checked against
-transformers' `ROPE_INIT_FUNCTIONS`.
+transformers' `ROPE_INIT_FUNCTIONS`; `freq_factors` divides the default frequencies by the
+per-pair factors a GGUF file carries as its `rope_freqs` tensor, as llama.cpp does.
 
 Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
 frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
@@ -117,6 +118,18 @@ def _longrope(dim, base, max_position, scaling, long: bool = False):
     return 1.0 / (factors * base**exponents), float(attn_factor)
 
 
+def _freq_factors(dim, base, max_position, scaling):
+    """llama.cpp's `rope_freqs` tensor (GGUF files of Llama 3.1-3.3): each pair's frequency
+    divided by its factor, at every position (llama.cpp's own arithmetic; the file's factors are
+    the llama3 scaling its converter computed from the HF config)."""
+    factors = torch.tensor(scaling["freq_factors"], dtype=torch.float32)  # [dim/2]
+    if factors.shape != (dim // 2,):
+        raise ModelLoadError(
+            f"rope frequency factors: {factors.numel()} values for {dim // 2} rotary pairs"
+        )
+    return default_inv_freq(dim, base) / factors, 1.0
+
+
 ROPE_SCALINGS = {
     "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
     "linear": _linear,
@@ -124,6 +137,7 @@ ROPE_SCALINGS = {
     "llama3": _llama3,
     "yarn": _yarn,
     "longrope": _longrope,
+    "freq_factors": _freq_factors,  # pytgi's name: a GGUF file's rope_freqs tensor
 }
 
 

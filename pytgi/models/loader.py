@@ -179,7 +179,9 @@ def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
 
-    return resolve_quant_config(model_config.quantize, checkpoint, dtype)
+    return resolve_quant_config(
+        model_config.quantize, checkpoint, dtype, model_config.quantize_activations
+    )
 
 
 class _Checkpoint:
@@ -211,7 +213,8 @@ class _Checkpoint:
 
         check_gguf_options(self.model_config.quantize, dtype)
         types = self.gguf.hf_tensor_types()
-        return GGUFQuantConfig(types, model_class.packed_modules_mapping, activation_policy())
+        policy = activation_policy("gguf", self.model_config.quantize_activations)
+        return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
     def names(self) -> list[str]:
         if self.gguf is not None:

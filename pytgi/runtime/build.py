@@ -50,6 +50,7 @@ def engine_config(
     allow_pickle_weights: bool = False,
     quantize: str | None = None,
     gguf_file: str | None = None,
+    quantize_activations: str | None = None,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
@@ -73,6 +74,7 @@ def engine_config(
             allow_pickle_weights=allow_pickle_weights,
             quantize=quantize,
             gguf_file=gguf_file,
+            quantize_activations=quantize_activations or envs.quant_activations(),
         ),
         cache=CacheConfig(
             block_size=block_size,

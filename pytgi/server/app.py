@@ -30,6 +30,7 @@ from pytgi.server.health import Health, HealthState
 from pytgi.server.middleware import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
+    CloseOn5xx,
     GateMiddleware,
     TracingMiddleware,
 )
@@ -41,6 +42,13 @@ if TYPE_CHECKING:  # the router is only called through these methods
 
 OPENAPI_URL = "/api-doc/openapi.json"
 DOCS_ASSETS_URL = "/docs/assets"
+
+
+class _App(FastAPI):
+    """FastAPI with `CloseOn5xx` outside Starlette's error middleware (which sends the 500s)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return CloseOn5xx(super().build_middleware_stack())
 
 
 def create_app(
@@ -65,7 +73,7 @@ def create_app(
     )
     metrics.configure(ctx.max_input_tokens, ctx.max_total_tokens)
     metrics.tgi_batch_max_total_tokens.set(cache_info.max_batch_total_tokens)
-    app = FastAPI(
+    app = _App(
         title="Text Generation Inference",
         description="Text Generation Webserver",
         version=TGI_VERSION,

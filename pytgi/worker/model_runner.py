@@ -161,7 +161,8 @@ class ModelRunner:
         """KV blocks that fit in the memory left after weights and warm-up, within the cap."""
         cache = self.config.cache
         available = self.platform.available_memory_bytes()
-        budget = int(available * cache.memory_fraction)
+        grammars = self._grammar_cache_bytes()
+        budget = int(max(0, available - grammars) * cache.memory_fraction)
         cap = cache.max_kv_cache_bytes or self.platform.default_kv_cache_cap_bytes()
         if cap is not None:
             budget = min(budget, cap)
@@ -169,9 +170,10 @@ class ModelRunner:
             budget //= self.tp.world_size  # every rank's cache lives in the same memory
         num_blocks = budget // self.bytes_per_block
         logger.info(
-            "KV cache: %.2f GiB available x %.2f, cap %s -> %.2f GiB per rank = %d blocks of %d "
-            "tokens (%d bytes each)",
+            "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
+            "GiB per rank = %d blocks of %d tokens (%d bytes each)",
             available / 2**30,
+            grammars / 2**30,
             cache.memory_fraction,
             f"{cap / 2**30:.2f} GiB" if cap else "none",
             budget / 2**30,
@@ -180,6 +182,12 @@ class ModelRunner:
             self.bytes_per_block,
         )
         return num_blocks
+
+    def _grammar_cache_bytes(self) -> int:
+        """The compiled-grammar cache's bound when it shares the KV cache's memory (host memory:
+        the engine process holds it), else 0."""
+        grammar = self.config.grammar
+        return grammar.cache_bytes if grammar is not None and self.device.type == "cpu" else 0
 
     # ---- steps --------------------------------------------------------------------------------
 

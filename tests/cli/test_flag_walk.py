@@ -141,6 +141,8 @@ CONFIG_EFFECTS = {
     "--grammar-compile-threads": (["2"], lambda c: c.engine.grammar.compile_threads, 2),
     "--grammar-mask-threads": (["3"], lambda c: c.engine.grammar.mask_threads, 3),
     "--grammar-cache-size": (["4"], lambda c: c.engine.grammar.cache_size, 4),
+    "--grammar-cache-bytes": (["1000"], lambda c: c.engine.grammar.cache_bytes, 1000),
+    "--quantize-activations": (["fp32"], lambda c: c.model.quantize_activations, "fp32"),
 }
 
 # flags whose effect is not in the configs: the test that drives them (file::function; the file

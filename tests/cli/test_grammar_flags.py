@@ -31,6 +31,7 @@ def test_flags_and_env_twins(monkeypatch):
         "--grammar-mask-fuel", "8000",
         "--grammar-compile-threads", "3",
         "--grammar-cache-size", "7",
+        "--grammar-cache-bytes", "12345678",
     )  # fmt: skip
     assert configs.grammar_config(args) == GrammarConfig(
         compile_timeout_s=2.5,
@@ -42,6 +43,7 @@ def test_flags_and_env_twins(monkeypatch):
         compile_threads=3,
         mask_threads=2,
         cache_size=7,
+        cache_bytes=12345678,
     )
 
 

@@ -21,6 +21,7 @@ import torch
 
 from pytgi import envs
 from pytgi.errors import ConfigError
+from pytgi.layers.quantization.activations import activations_for
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
     CodebookLinearMethod,
@@ -31,18 +32,15 @@ from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, ActivationPolicy
 from pytgi.layers.quantization.quantizers import quantize_per_channel_int8
 
 LLM_INT8_THRESHOLD = 6.0  # bitsandbytes' default outlier threshold (TGI's too)
-# int8 activations at every row count: faster than fp32 activations at every measured shape
-# (docs/PERFORMANCE.md, "Quantized kernels"), and one arithmetic per row whatever the batch
-DEFAULT_POLICY = ActivationPolicy(int8_from_rows=1)
-POLICIES = {"int8": DEFAULT_POLICY, "fp32": FP32_ACTIVATIONS}
+# int8 activations at every row count: one arithmetic per row whatever the batch
+INT8_POLICY = ActivationPolicy(int8_from_rows=1)
+POLICIES = {"int8": INT8_POLICY, "fp32": FP32_ACTIVATIONS}
 
 
-def activation_policy() -> ActivationPolicy:
-    """The policy PYTGI_QUANT_ACTIVATIONS names (int8 by default)."""
-    name = envs.quant_activations()
-    if name not in POLICIES:
-        raise ConfigError(f"PYTGI_QUANT_ACTIVATIONS must be one of {', '.join(POLICIES)}")
-    return POLICIES[name]
+def activation_policy(method: str, requested: str | None = None) -> ActivationPolicy:
+    """The policy of `method` ("gguf" or a `--quantize` value): `requested` ("int8" / "fp32",
+    `--quantize-activations`) or the method's TGI default (quantization/activations.py)."""
+    return POLICIES[activations_for(method, requested)]
 
 
 class OnTheFlyQuantConfig(QuantConfig):
@@ -81,7 +79,7 @@ def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
     }
 
 
-SUPPORTED_QUANTIZE = tuple(_factories(DEFAULT_POLICY))
+SUPPORTED_QUANTIZE = tuple(_factories(INT8_POLICY))
 
 
 def quant_config_for(
@@ -89,25 +87,29 @@ def quant_config_for(
     policy: ActivationPolicy | None = None,
     quantize_lm_head: bool | None = None,
 ) -> QuantConfig:
-    """The QuantConfig of `--quantize name`, with the activation policy given (default:
-    `activation_policy()`) and the LM head quantized or not (default: PYTGI_QUANTIZE_LM_HEAD,
+    """The QuantConfig of `--quantize name`, with the activation policy given (default: the
+    method's TGI numerics) and the LM head quantized or not (default: PYTGI_QUANTIZE_LM_HEAD,
     off)."""
-    factories = _factories(policy or activation_policy())
-    if name not in factories:
+    if name not in SUPPORTED_QUANTIZE:
         raise ConfigError(
             f"--quantize {name} is not supported on CPU by pytgi "
             f"(supported: {', '.join(SUPPORTED_QUANTIZE)})"
         )
     if quantize_lm_head is None:
         quantize_lm_head = envs.quantize_lm_head()
+    factories = _factories(policy or activation_policy(name))
     return OnTheFlyQuantConfig(name, factories[name], quantize_lm_head)
 
 
 def resolve_quant_config(
-    quantize: str | None, checkpoint_method: str | None, dtype: torch.dtype
+    quantize: str | None,
+    checkpoint_method: str | None,
+    dtype: torch.dtype,
+    activations: str | None = None,
 ) -> QuantConfig | None:
-    """`--quantize` and the checkpoint's `quantization_config.quant_method` -> the config, or a
-    ConfigError naming what cannot run together."""
+    """`--quantize` (with `--quantize-activations`) and the checkpoint's
+    `quantization_config.quant_method` -> the config, or a ConfigError naming what cannot run
+    together."""
     if checkpoint_method is not None:
         raise ConfigError(
             f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
@@ -120,7 +122,7 @@ def resolve_quant_config(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
-    return quant_config_for(quantize)
+    return quant_config_for(quantize, activation_policy(quantize, activations))
 
 
 def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:
