@@ -249,8 +249,8 @@ SERVER_FLAGS = [
     Flag("--watermark-delta", "Logit bias of the green list (requests with watermark)", float, 2.0),
     Flag(
         "--otlp-endpoint",
-        "OpenTelemetry collector: request spans exported with OTLP over HTTP "
-        "(e.g. http://localhost:4318)",
+        "OpenTelemetry collector: request spans exported with OTLP over gRPC, as TGI "
+        "(e.g. http://localhost:4317)",
     ),  # fmt: skip
     Flag(
         "--otlp-service-name",
