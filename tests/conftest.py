@@ -66,6 +66,24 @@ def tiny_model_factory(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_factory(tmp_path_factory):
+    """`factory(family="qwen2_vl") -> Path`: a cached tiny vision-language checkpoint with its
+    image processor and tokenizer (fixtures/tiny_vlms.py)."""
+    from fixtures.tiny_vlms import build_tiny_vlm
+
+    built: dict[str, Path] = {}
+
+    def factory(family: str = "qwen2_vl") -> Path:
+        if family not in built:
+            path = tmp_path_factory.mktemp(f"tiny-{family}")
+            build_tiny_vlm(path, family)
+            built[family] = path
+        return built[family]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tiny_model_factory) -> Path:
     return tiny_model_factory("llama")
 

@@ -27,6 +27,7 @@ from pytgi.config import (
 )
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
+from pytgi.router.images.config import ImageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +285,15 @@ def limits_config(
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
         validation_workers=args.validation_workers,
+    )
+
+
+def image_config(args: argparse.Namespace) -> ImageConfig:
+    return ImageConfig(
+        max_fetch_bytes=args.max_image_fetch_size,
+        fetch_timeout_s=args.image_fetch_timeout,
+        max_pixels=args.max_image_pixels,
+        allow_private_urls=args.allow_private_image_urls,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pytgi import envs
 from pytgi.config import MODEL_IMPLEMENTATIONS, ROPE_SCALINGS, GrammarConfig
+from pytgi.router.images.config import ImageConfig
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,9 @@ MODEL_FLAGS = [
     ),
     Flag(
         "--model-gguf",
-        "The GGUF file to serve inside the --model-id directory or hub repo (needed when it "
-        "holds several; a path inside it, or an absolute path)",
+        "The GGUF file to serve, as TGI: its path (the tokenizer and chat template then come from "
+        "--model-id); or a file inside the --model-id directory or hub repo (when it holds "
+        "several)",
     ),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
@@ -167,6 +169,7 @@ ENGINE_FLAGS = [
     Flag("--rope-factor", "Rope scaling factor (alone: linear scaling)", float),
 ]
 
+_IMAGES = ImageConfig()
 LIMIT_FLAGS = [
     Flag("--max-concurrent-requests", "Concurrent requests before 429", int, 128),
     Flag("--max-best-of", "Maximum best_of", int, 2),
@@ -177,6 +180,24 @@ LIMIT_FLAGS = [
     Flag("--max-total-tokens", "Maximum prompt + new tokens per request", int),
     Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
     Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
+    Flag(
+        "--max-image-fetch-size",
+        "Largest image accepted, in bytes, fetched or in a data URI (TGI: 1 GiB, router only)",
+        int,
+        _IMAGES.max_fetch_bytes,
+    ),  # fmt: skip
+    Flag("--image-fetch-timeout", "Seconds one image fetch may take", float, 10.0),
+    Flag(
+        "--max-image-pixels",
+        "Most pixels (width x height) a decoded image may have",
+        int,
+        _IMAGES.max_pixels,
+    ),  # fmt: skip
+    Flag(
+        "--allow-private-image-urls",
+        "Fetch image URLs that resolve to loopback, private or link-local addresses (pytgi only)",
+        switch=True,
+    ),  # fmt: skip
     Flag(
         "--validation-workers",
         "Threads tokenizing and validating requests (must be > 0)",

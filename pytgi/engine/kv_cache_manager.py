@@ -4,7 +4,8 @@ tokens.
 Invariant: a request owning `len(blocks)` blocks can hold `len(blocks) * block_size` tokens; the
 first `num_computed_tokens` of its tokens are in those blocks. Full blocks of computed tokens are
 published to the prefix cache (prompt and generated tokens alike, so a multi-turn conversation hits
-its own history).
+its own history). A block holding image placeholder tokens is keyed by the images' content hashes
+too, so two prompts with the same text and different images never share it.
 """
 
 from __future__ import annotations
@@ -112,5 +113,15 @@ class KVCacheManager:
         bs = self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tuple(request.token_ids(i * bs, (i + 1) * bs))))
+            tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
+            images = _images_in(request, i * bs, (i + 1) * bs)
+            hashes.append(hash_block(parent, tokens + images if images else tokens))
         return hashes
+
+
+def _images_in(request: Request, start: int, end: int) -> tuple[str, ...]:
+    """Content hashes of the images whose placeholder tokens overlap [start, end): a block's K/V
+    depends on them, while its token ids (the placeholders) are the same for every image."""
+    return tuple(
+        mm.content_hash for mm in request.multimodal_inputs if mm.offset < end and mm.end > start
+    )

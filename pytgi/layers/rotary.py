@@ -272,3 +272,31 @@ def get_rope(
     assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
     num_positions = current_build_context().max_model_len
     return RotaryEmbedding(rotary_dim, base, max_position, scaling, num_positions, interleaved)
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Qwen2-VL's multimodal rotary (M-RoPE): the rotary frequencies are split into three
+    sections (`mrope_section`, summing to rotary_dim / 2) rotated by a temporal, a height and a
+    width position. positions [3, T] -> (cos, sin) [T, 1, rotary_dim]: each feature takes its
+    section's position row. A text token has the same position in all three rows, which is
+    plain RoPE, so a [T] positions tensor is served as such."""
+
+    def __init__(self, *args, mrope_section: tuple[int, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        half = self.rotary_dim // 2
+        if sum(mrope_section) != half or len(mrope_section) != 3:
+            raise ModelLoadError(
+                f"mrope_section {list(mrope_section)} must be 3 sections summing to {half}"
+            )
+        sections = torch.repeat_interleave(torch.arange(3), torch.tensor(mrope_section))  # [d/2]
+        self.section_of_feature = torch.cat([sections, sections]).tolist()  # [rotary_dim]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        if positions.dim() == 1:
+            return super().forward(positions, dtype)
+        section = torch.tensor(self.section_of_feature, device=positions.device)  # [rd]
+        # gather per feature: the row of table[positions[section[j]], j]
+        rows = positions[section].t()  # [T, rd]: the position each feature of a token rotates by
+        cos = self.cos_table.gather(0, rows).to(dtype).unsqueeze(1)  # [T, 1, rd]
+        sin = self.sin_table.gather(0, rows).to(dtype).unsqueeze(1)
+        return cos, sin

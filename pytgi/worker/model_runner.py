@@ -31,6 +31,7 @@ from pytgi.layers.rotary import RotaryEmbedding
 from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
+from pytgi.models.multimodal import is_multimodal
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
 from pytgi.worker.request_states import RequestStates
 from pytgi.worker.step_transport import send_step
@@ -62,6 +63,7 @@ class ModelRunner:
         self.kv_caches: dict[str, KVCache] = {}
         self.metadata_builder = None
         self.num_blocks = 0
+        self.multimodal = None  # a vision-language model's step helper (worker/multimodal.py)
         # the logprob of a prompt chunk's first token comes from the previous chunk's last row
         self._next_prompt_logprob: dict[str, float] = {}
 
@@ -86,11 +88,28 @@ class ModelRunner:
         }
         self.rotary_tables = [m for m in self.model.modules() if isinstance(m, RotaryEmbedding)]
         self.accelerator = self.platform.decode_accelerator(self.model, self.dtype)
+        if is_multimodal(self.model):
+            self._set_up_multimodal()
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
 
             watermark = self.config.watermark
             self.sampler = Sampler(self.spec.vocab_size, watermark.gamma, watermark.delta)
+
+    def _set_up_multimodal(self) -> None:
+        """Vision-language models run eagerly on one rank (their input embeddings are built on
+        rank 0, and the decode accelerators take token ids)."""
+        from pytgi.errors import ModelLoadError
+        from pytgi.worker.multimodal import MultimodalStep
+
+        if self.tp.world_size > 1:
+            raise ModelLoadError(
+                f"{self.spec.architecture} runs on one shard only (got --num-shard "
+                f"{self.tp.world_size})"
+            )
+        self.accelerator = None
+        self.multimodal = MultimodalStep(self.model)
+        logger.info("multimodal model: images are encoded by its vision tower")
 
     @property
     def bytes_per_block(self) -> int:
@@ -197,9 +216,12 @@ class ModelRunner:
         self.states.update(scheduler_output)
         for request_id in scheduler_output.freed_request_ids:
             self._next_prompt_logprob.pop(request_id, None)
+        if self.multimodal is not None:
+            self.multimodal.forget(scheduler_output.freed_request_ids)
         if scheduler_output.is_empty:
             return ModelOutput()
         inputs, plan = self.input_builder.build(scheduler_output, self.states)
+        self._add_multimodal(scheduler_output, inputs)
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
@@ -234,7 +256,23 @@ class ModelRunner:
         """Logits [num_sampled_rows, V] of a step, in request order (tests; rank 0)."""
         self.states.update(scheduler_output)
         inputs, _ = self.input_builder.build(scheduler_output, self.states)
+        self._add_multimodal(scheduler_output, inputs)
         return self.execute_inputs(inputs)[0]
+
+    def _add_multimodal(self, scheduler_output: SchedulerOutput, inputs: ForwardInputs) -> None:
+        """A vision-language model's step: image embeddings merged into the input embeddings,
+        M-RoPE positions [3, T] in place of the token indices."""
+        mm = self.multimodal
+        if mm is None:
+            return
+        slices = mm.slices(scheduler_output, self.states, inputs.flat_starts)
+        inputs.inputs_embeds = mm.embeddings(inputs.input_ids, slices)
+        if self.model.uses_mrope:
+            host = self.input_builder.buffers.host_tensor("positions", inputs.num_tokens)
+            table = mm.mrope_positions(
+                scheduler_output, self.states, inputs.flat_starts, host.numpy()
+            )
+            inputs.positions = torch.from_numpy(table).to(self.device)  # [3, T]
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
@@ -250,11 +288,17 @@ class ModelRunner:
         fused = None
         if accelerator is not None:
             fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
-        return self._forward_with(inputs.input_ids, inputs.positions, metadata, fused)
+        return self._forward_with(
+            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds
+        )
 
-    def _forward_with(self, input_ids, positions, metadata, fused=None) -> torch.Tensor:
+    def _forward_with(
+        self, input_ids, positions, metadata, fused=None, inputs_embeds=None
+    ) -> torch.Tensor:
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
         with forward_context(metadata, self.kv_caches, fused):
+            if inputs_embeds is not None:
+                return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
             return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:

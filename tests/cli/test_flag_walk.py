@@ -143,6 +143,10 @@ CONFIG_EFFECTS = {
     "--grammar-cache-size": (["4"], lambda c: c.engine.grammar.cache_size, 4),
     "--grammar-cache-bytes": (["1000"], lambda c: c.engine.grammar.cache_bytes, 1000),
     "--quantize-activations": (["fp32"], lambda c: c.model.quantize_activations, "fp32"),
+    "--max-image-fetch-size": (["1000"], lambda c: c.images.max_fetch_bytes, 1000),
+    "--image-fetch-timeout": (["3"], lambda c: c.images.fetch_timeout_s, 3.0),
+    "--max-image-pixels": (["1000"], lambda c: c.images.max_pixels, 1000),
+    "--allow-private-image-urls": ([], lambda c: c.images.allow_private_urls, True),
 }
 
 # flags whose effect is not in the configs: the test that drives them (file::function; the file
@@ -175,6 +179,7 @@ class Built:
         )  # fmt: skip
         self.limits = configs.limits_config(self.args, cache, 4096)
         self.server = configs.server_config(self.args, self.limits, "m", None)
+        self.images = configs.image_config(self.args)
 
 
 def _serve_parser():

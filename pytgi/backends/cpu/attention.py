@@ -53,6 +53,11 @@ from pytgi.errors import ModelLoadError
 from pytgi.utils.math import cdiv
 
 KERNEL_HEAD_MULTIPLE = 16  # the prefill kernels' register tiles
+# Row invariance (docs/KERNELS.md): a continuation of at most this many queries (a verify step's
+# k + 1 rows with --speculate k, a short chunk) runs each query as a decode row of the compiled
+# decode kernel, so its numbers are a decode row's bit for bit; longer chunks take the flash
+# kernel (equal in exact arithmetic, not in every bit)
+DECODE_LIKE_ROWS = 8
 
 
 @dataclass
@@ -280,6 +285,9 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _prefill(self, q, k, v, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
         rows = slice(row.start, row.end)
+        if ops is not None and row.block_table is not None:
+            if row.end - row.start <= DECODE_LIKE_ROWS:
+                return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
         if ops is not None and self.kernel_prefill:
             # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
             # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
@@ -329,6 +337,19 @@ class CpuAttentionImpl(AttentionImpl):
             enable_gqa=True,
         )  # [1, H, q, D]
         return out.squeeze(0).transpose(0, 1)  # [q, H, D]
+
+    def _as_decode_rows(self, q, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
+        """q [n, H, D], the queries of a continuation at positions row.position.., each as a
+        decode row that sees the keys up to its own position -> [n, H, D]."""
+        n = q.shape[0]
+        seq_lens = row.position + 1 + torch.arange(n, dtype=torch.int64)  # [n]
+        first = (seq_lens - self.window).clamp(min=0) if self.window else torch.zeros_like(seq_lens)
+        tables = row.block_table.to(torch.int64).unsqueeze(0).expand(n, -1).contiguous()  # [n, W]
+        k_cache, v_cache = kv_cache
+        return ops.decode_attention(
+            q.contiguous(), k_cache, v_cache, tables, first, seq_lens, metadata.block_size,
+            self.scale, self.softcap, self.alibi,
+        )  # fmt: skip
 
     def _modified(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """Soft-capped and/or ALiBi attention as an explicit softmax: q [R, H, n, D], k / v
