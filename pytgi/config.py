@@ -19,6 +19,8 @@ QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
 ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
+# --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones (docs/KV_CACHE.md)
+KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
@@ -37,6 +39,49 @@ def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = Tru
     if device == "cpu" and chunked_prefill:
         return CPU_MAX_BATCH_PREFILL_TOKENS
     return TGI_MAX_BATCH_PREFILL_TOKENS
+
+
+@dataclass(frozen=True)
+class LoRAAdapter:
+    """One `--lora-adapters` entry: `id`, `id@revision` (a hub repo) or `id=path` (a directory).
+    `source` is the hub repo id or the directory; requests name the adapter by `id`."""
+
+    id: str
+    source: str
+    revision: str | None = None
+
+
+def parse_lora_adapters(text: str | None) -> tuple[LoRAAdapter, ...]:
+    """TGI's `--lora-adapters` syntax: comma-separated `id`, `id@revision` or `id=path`."""
+    adapters: list[LoRAAdapter] = []
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            adapter_id, path = (s.strip() for s in item.split("=", 1))
+            adapter = LoRAAdapter(adapter_id, path)
+        elif "@" in item:
+            repo, revision = item.split("@", 1)
+            adapter = LoRAAdapter(repo, repo, revision or None)
+        else:
+            adapter = LoRAAdapter(item, item)
+        if not adapter.id or not adapter.source:
+            raise ConfigError(f"--lora-adapters: cannot read the entry '{item}'")
+        if any(a.id == adapter.id for a in adapters):
+            raise ConfigError(f"--lora-adapters: the adapter id '{adapter.id}' is given twice")
+        adapters.append(adapter)
+    return tuple(adapters)
+
+
+@dataclass(frozen=True)
+class SpeculatorConfig:
+    """A trained speculator found at `--model-id` (TGI detects it from its config.json): Medusa
+    heads (`medusa_num_heads`) or IBM's MLP speculator (`model_type: mlp_speculator`); the model
+    served is the checkpoint's `base_model_name_or_path`."""
+
+    kind: str  # "medusa" or "mlp_speculator"
+    path: str  # the local directory holding the speculator's config.json and weights
+    num_heads: int  # draft tokens it can propose per step (medusa_num_heads, n_predict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +113,9 @@ class ModelConfig:
     # --weights-cache-override: the directory the weight files are read from (config and
     # tokenizer still come from the model); None: the model's own directory
     weights_dir: str | None = None
+    # --lora-adapters, in order (the engine gives the k-th adapter slot k + 1; 0 is the base)
+    lora_adapters: tuple[LoRAAdapter, ...] = ()
+    speculator: SpeculatorConfig | None = None  # trained draft heads (Medusa, MLP speculator)
     # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
     # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
     quantize_activations: str | None = field(default_factory=envs.quant_activations)
@@ -101,8 +149,16 @@ class CacheConfig:
     # hard cap on KV memory (CPU: RAM is shared with everything)
     max_kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # --kv-cache-dtype: None = the model dtype (or fp8_e4m3fn for a checkpoint whose
+    # compressed-tensors config declares an 8-bit float KV cache)
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got '{self.kv_cache_dtype}'"
+            )
         if self.block_size <= 0:
             raise ConfigError("block_size must be > 0")
         if not 0.0 < self.memory_fraction <= 1.0:
@@ -115,7 +171,9 @@ class SchedulerConfig:
     max_batch_total_tokens: int | None = None  # KV budget in tokens; None = from memory
     max_batch_size: int | None = None  # max running requests; None = unbounded (KV-limited)
     enable_chunked_prefill: bool = True
-    num_speculative_tokens: int = 0  # --speculate: n-gram draft tokens verified per decode step
+    num_speculative_tokens: int = 0  # --speculate: draft tokens verified per decode step
+    # drafts come from the workers' trained speculator (ModelOutput.draft_ids), not n-gram lookup
+    model_drafts: bool = False
 
     def __post_init__(self):
         if self.num_speculative_tokens < 0:
@@ -198,9 +256,14 @@ class CacheInfo:
     max_position_embeddings: int
     dtype: str
     device: str
+    kv_cache_dtype: str = ""  # the caches' storage dtype
+    kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
+    # every attention layer has a sliding window: the largest (older blocks are freed); else None
+    sliding_window: int | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
+    lora_adapters: tuple[str, ...] = ()  # the ids of the LoRA adapters the engine loaded
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import SERVED_QUANTIZE, check_refused_flags
+from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE, check_refused_flags
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -24,6 +24,7 @@ from pytgi.config import (
     ServerConfig,
     WatermarkConfig,
     default_max_batch_prefill_tokens,
+    parse_lora_adapters,
 )
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
@@ -56,6 +57,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             getattr(args, "rope_scaling", None), getattr(args, "rope_factor", None)
         ),
         weights_dir=getattr(args, "weights_cache_override", None),
+        lora_adapters=parse_lora_adapters(getattr(args, "lora_adapters", None)),
         quantize_activations=getattr(args, "quantize_activations", None)
         or envs.quant_activations(),
     )
@@ -76,10 +78,10 @@ def check_quantize(
     again when it builds the model)."""
     if quantize is None:
         return
-    if quantize not in SERVED_QUANTIZE:
+    if quantize not in SERVED_QUANTIZE + CHECKPOINT_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
-            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+            f"(supported: {', '.join(SERVED_QUANTIZE + CHECKPOINT_QUANTIZE)})"
         )
     if platform != "cpu":
         raise ConfigError(
@@ -92,6 +94,17 @@ def check_quantize(
             f"use --dtype float32 (got {dtype})"
         )
     activations_for(quantize, activations)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str | None, platform: str) -> None:
+    """An fp8 cache on CUDA is refused before anything loads: pytgi's Triton attention reads
+    16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
+    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8") and platform != "cpu":
+        raise ConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {platform} by pytgi (its "
+            "attention kernels there read bfloat16/float16/float32 caches; PYTGI_DEVICE=cpu "
+            "serves fp8 caches)"
+        )
 
 
 def num_shard(args: argparse.Namespace) -> int:
@@ -117,6 +130,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         args.quantize, args.dtype, expected_platform(device_config(args)),
         model.quantize_activations,
     )  # fmt: skip
+    check_kv_cache_dtype(args.kv_cache_dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -125,6 +139,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             memory_fraction=args.kv_cache_memory_fraction,
             max_kv_cache_bytes=args.max_kv_cache_bytes,
             enable_prefix_caching=not args.disable_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),
@@ -132,6 +147,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import MODEL_IMPLEMENTATIONS, ROPE_SCALINGS, GrammarConfig
+from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, ROPE_SCALINGS, GrammarConfig
 from pytgi.router.images.config import ImageConfig
 
 
@@ -58,13 +58,18 @@ QUANTIZE = (
 # the QUANTIZE values pytgi runs (on-the-fly quantisation of a full-precision checkpoint on the
 # CPU kernels; layers/quantization/registry.py); the others are refused at start-up
 SERVED_QUANTIZE = ("eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+# the QUANTIZE values naming a checkpoint's own format (layers/quantization/detect.py): accepted
+# when the checkpoint is stored in it
+CHECKPOINT_QUANTIZE = ("gptq", "awq", "compressed-tensors", "marlin")
 
 
 def _quantize_help() -> str:
     return (
         f"Quantize a full-precision checkpoint's weights at load time (TGI's values; pytgi runs "
-        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). GGUF models are served "
-        "in their own quantized types"
+        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). A checkpoint stored "
+        f"quantized ({', '.join(CHECKPOINT_QUANTIZE)}, fp8) is detected from its config; "
+        "--quantize must then name its method. GGUF models are served in their own quantized "
+        "types"
     )
 
 
@@ -141,7 +146,12 @@ ENGINE_FLAGS = [
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
     QUANTIZE_ACTIVATIONS_FLAG,
-    Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
+    Flag(
+        "--kv-cache-dtype",
+        "KV cache storage dtype (default: the model dtype). TGI's fp8_e4m3fn (per-layer k/v "
+        "scales from the checkpoint, else 1.0) and fp8_e5m2, and pytgi's bfloat16 and float16",
+        choices=KV_CACHE_DTYPES,
+    ),  # fmt: skip
     Flag(
         "--cuda-graphs",
         "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "
@@ -278,7 +288,11 @@ SERVER_FLAGS = [
         "service.name of the exported spans",
         default="text-generation-inference.router",
     ),
-    Flag("--lora-adapters", "LoRA adapters (not supported yet)"),
+    Flag(
+        "--lora-adapters",
+        "LoRA adapters (PEFT format) served next to the base model: comma-separated `id`, "
+        "`id@revision` (hub repos) or `id=path`; a request picks one by `adapter_id` or `model`",
+    ),
     Flag("--usage-stats", "Telemetry (pytgi sends none)", default="off"),
     Flag("--shard-uds-path", "Accepted for compatibility", default="/tmp/text-generation-server"),
     Flag(

@@ -61,12 +61,18 @@ def _serve_on(sock, args: argparse.Namespace) -> int:
 
 def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
-    from pytgi.models.resolve import resolve_model
+    from pytgi.models.resolve import resolve_model, resolve_speculator
     from pytgi.router.infer import Infer
     from pytgi.runtime.build import build_engine_core
     from pytgi.tokenizer.tokenizer import Tokenizer
 
     model = configs.model_config(args)
+    # a Medusa / MLP-speculator checkpoint: serve its base model, speculate with its heads
+    model, args.speculate = resolve_speculator(model, args.speculate)
+    if model.speculator is not None:
+        logger.info(
+            "Using speculation %s with %d input ids.", model.speculator.kind, args.speculate
+        )
     engine_cfg = configs.engine_config(args, model)
     startup_notes.warn_waiting_flags(args)
     startup_notes.warn_slow_dtype(model.dtype, configs.expected_platform(engine_cfg.device))
@@ -103,8 +109,9 @@ def start_engine_and_router(args: argparse.Namespace):
     engine = MultiprocEngineClient.start(engine_cfg, build_engine_core, json_logs=args.json_output)
     cache = engine.cache_info
     logger.info(
-        "Engine ready in %.2fs: %d KV blocks of %d tokens, dtype %s on %s",
-        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.dtype, cache.device,
+        "Engine ready in %.2fs: %d KV blocks of %d tokens (%s cache), dtype %s on %s",
+        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.kv_cache_dtype,
+        cache.dtype, cache.device,
     )  # fmt: skip
     try:
         limits = configs.limits_config(args, cache, tokenizer.model_max_length)

@@ -40,7 +40,10 @@ class EngineCore:
         self.grammar = grammar
         self.cache_info = replace(cache_info, supports_grammar=grammar is not None)
         kv = KVCacheManager(
-            cache_info.num_blocks, cache_info.block_size, config.cache.enable_prefix_caching
+            cache_info.num_blocks,
+            cache_info.block_size,
+            config.cache.enable_prefix_caching,
+            cache_info.sliding_window,
         )
         self.scheduler = Scheduler(config.scheduler, kv, grammar)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
@@ -110,6 +113,7 @@ class EngineCore:
         stats.num_aborts = scheduler.num_aborts
         stats.num_draft_tokens = scheduler.num_draft_tokens
         stats.num_accepted_draft_tokens = scheduler.num_accepted_draft_tokens
+        stats.num_draft_steps = scheduler.num_draft_steps
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:

@@ -125,11 +125,10 @@ class GrammarManager:
 def load_vocab(config: EngineConfig, vocab_size: int) -> GrammarVocab:
     """The grammar engine's vocabulary from the model's tokenizer, as wide as its logits."""
     from pytgi.grammar import GrammarVocab
+    from pytgi.models.resolve import resolve_model
     from pytgi.tokenizer.tokenizer import Tokenizer
-    from pytgi.utils.hub import resolve_model_dir
 
     model = config.model
-    tokenizer = Tokenizer.from_dir(
-        resolve_model_dir(model), config_path=model.tokenizer_config_path
-    )
+    # a GGUF file (the offline API takes its path) reads its tokenizer from its prepared directory
+    tokenizer = Tokenizer.from_dir(resolve_model(model), config_path=model.tokenizer_config_path)
     return GrammarVocab.from_tokenizer(tokenizer, vocab_size or None)

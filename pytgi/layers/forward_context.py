@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytgi.backends.base import FusedLayers, KVCache
+from pytgi.layers.lora import LoRABatch
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ForwardContext:
     attn_metadata: Any  # the attention backend's per-step metadata
     kv_caches: dict[str, KVCache]  # attention layer name -> its cache
     fused_layers: FusedLayers | None = None  # the accelerator's decoder stack for this step
+    lora: LoRABatch | None = None  # the rows of the step that run a LoRA adapter
 
 
 _CONTEXT: ForwardContext | None = None
@@ -29,11 +31,14 @@ _CONTEXT: ForwardContext | None = None
 
 @contextmanager
 def forward_context(
-    attn_metadata: Any, kv_caches: dict[str, KVCache], fused_layers: FusedLayers | None = None
+    attn_metadata: Any,
+    kv_caches: dict[str, KVCache],
+    fused_layers: FusedLayers | None = None,
+    lora: LoRABatch | None = None,
 ) -> Iterator[ForwardContext]:
     global _CONTEXT
     assert _CONTEXT is None, "forward_context does not nest"
-    _CONTEXT = ForwardContext(attn_metadata, kv_caches, fused_layers)
+    _CONTEXT = ForwardContext(attn_metadata, kv_caches, fused_layers, lora)
     try:
         yield _CONTEXT
     finally:
@@ -43,3 +48,8 @@ def forward_context(
 def get_forward_context() -> ForwardContext:
     assert _CONTEXT is not None, "a layer ran outside a forward_context"
     return _CONTEXT
+
+
+def current_lora_batch() -> LoRABatch | None:
+    """The step's LoRA rows; None outside a forward (a layer called on its own) or without any."""
+    return _CONTEXT.lora if _CONTEXT is not None else None

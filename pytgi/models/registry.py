@@ -59,6 +59,9 @@ _MODELS: dict[str, ModelEntry] = {
         "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
     ),
     "Idefics3ForConditionalGeneration": ModelEntry("idefics3", "Idefics3ForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ModelEntry(
+        "llava_next", "LlavaNextForConditionalGeneration"
+    ),
 }
 
 

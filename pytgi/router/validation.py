@@ -67,6 +67,7 @@ class ValidRequest:
             sampling,
             self.stopping,
             multimodal_inputs=self.multimodal_inputs,
+            adapter_id=self.adapter_id,
         )
 
 
@@ -96,6 +97,7 @@ class Validator:
         self.grammar_config = grammar_config or GrammarConfig()
         # TGI's --validation-workers: the threads tokenizing prompts off the event loop
         self._pool = ThreadPoolExecutor(limits.validation_workers, "pytgi-validation")
+        self.lora_adapters = cache_info.lora_adapters
 
     async def _tokenize(self, method, inputs: str, add_special_tokens: bool, *args, **kwargs):
         """Run a tokenizer method on the validation workers (a long prompt must not stall other
@@ -128,6 +130,7 @@ class Validator:
     ) -> ValidRequest:
         """Parameter checks in TGI's order, then tokenization and the token limits."""
         best_of = params.best_of or 1
+        self._check_adapter(params.adapter_id)
         sampling = self._sampling_params(params, best_of)
         self._check_stop_and_top_n(params, best_of)
         if inputs == "":
@@ -154,6 +157,14 @@ class Validator:
             adapter_id=params.adapter_id,
             multimodal_inputs=multimodal,
         )
+
+    def _check_adapter(self, adapter_id: str | None) -> None:
+        """An explicit `adapter_id` must name a loaded adapter (TGI would silently serve the
+        base model; the chat `model` field keeps TGI's fallback, the routes resolve it)."""
+        if adapter_id is None or adapter_id in self.lora_adapters:
+            return
+        loaded = ", ".join(self.lora_adapters) or "none"
+        raise input_error(f"`adapter_id` '{adapter_id}' is not a loaded adapter (loaded: {loaded})")
 
     async def _encode_with_images(
         self, inputs: str, truncate: int | None, add_special_tokens: bool

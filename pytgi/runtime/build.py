@@ -10,10 +10,12 @@ from pytgi.config import (
     CacheConfig,
     EngineConfig,
     GrammarConfig,
+    LoRAAdapter,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     default_max_batch_prefill_tokens,
+    parse_lora_adapters,
 )
 from pytgi.engine.engine_core import EngineCore
 
@@ -51,41 +53,56 @@ def engine_config(
     quantize: str | None = None,
     gguf_file: str | None = None,
     quantize_activations: str | None = None,
+    kv_cache_dtype: str | None = None,
+    lora_adapters: str | tuple[LoRAAdapter, ...] = (),
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
     `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
     (True), or off (False: no vocabulary is built; grammar requests fail).
-    `max_batch_prefill_tokens`: None = `pytgi serve`'s default for the device (smaller on CPU)."""
+    `max_batch_prefill_tokens`: None = `pytgi serve`'s default for the device (smaller on CPU).
+    `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
+    one with `EngineRequest.adapter_id` (`LLM.generate(..., adapter_ids=...)`).
+    A Medusa / MLP-speculator checkpoint serves its base model with its heads drafting (`speculate`
+    0: as many drafts as heads)."""
+    from pytgi.models.resolve import resolve_speculator
+
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
         model_id = demo_model_path()
+    if isinstance(lora_adapters, str):
+        lora_adapters = parse_lora_adapters(lora_adapters)
+    model = ModelConfig(
+        model_id=model_id,
+        revision=revision,
+        dtype=dtype,
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
+        allow_pickle_weights=allow_pickle_weights,
+        quantize=quantize,
+        gguf_file=gguf_file,
+        quantize_activations=quantize_activations or envs.quant_activations(),
+        lora_adapters=tuple(lora_adapters),
+    )
+    model, speculate = resolve_speculator(model, speculate or None)
     device = envs.device_config()
     if max_batch_prefill_tokens is None:
         max_batch_prefill_tokens = default_max_batch_prefill_tokens(_platform(device.device))
     return EngineConfig(
-        model=ModelConfig(
-            model_id=model_id,
-            revision=revision,
-            dtype=dtype,
-            implementation=implementation,
-            trust_remote_code=trust_remote_code,
-            allow_pickle_weights=allow_pickle_weights,
-            quantize=quantize,
-            gguf_file=gguf_file,
-            quantize_activations=quantize_activations or envs.quant_activations(),
-        ),
+        model=model,
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=max_batch_prefill_tokens,
             max_batch_total_tokens=max_batch_total_tokens,
             max_batch_size=max_batch_size,
-            num_speculative_tokens=speculate,
+            num_speculative_tokens=speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard),

@@ -15,8 +15,9 @@ Where we differ from TGI 3.3.6, and why (each choice keeps every client in ecosy
   CORS also allows the `authorization` header (TGI: `content-type` only), for browser clients.
 - 429 `overloaded` carries `Retry-After`; while draining, POSTs get 503 `unavailable`.
 - A client that disconnects from a non-streaming request cancels its generation (TGI keeps it).
-- Chat and completions responses name the served model (TGI echoes the request's `model`,
-  which it uses as a LoRA adapter id; pytgi has no adapters).
+- Chat and completions responses name the served model (TGI echoes the request's `model`);
+  `model` still picks a loaded LoRA adapter, as in TGI. An explicit unknown `adapter_id` is a
+  422 (TGI serves the base model); /info adds `lora_adapters` (docs/TGI_COMPATIBILITY.md).
 - Streamed tool calls end with a chunk carrying `finish_reason` (TGI sends none); when the
   output is not in TGI's streamable `{"function": {"_name": …}}` form, the call is parsed whole
   at the end and sent in one chunk.

@@ -57,6 +57,7 @@ def test_disable_grammar_support_turns_the_engine_side_off():
     [
         (["--grammar-compile-timeout", "0"], "`grammar_compile_timeout` must be > 0"),
         (["--grammar-mask-threads", "0"], "`mask_threads` must be >= 1"),
+        (["--grammar-cache-bytes", "0"], "`cache_bytes` must be >= 1"),
     ],
 )
 def test_bad_limits_are_start_up_errors(flags, message, capsys):

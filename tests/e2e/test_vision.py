@@ -35,7 +35,7 @@ def vlm_server(tiny_vlm_factory, tmp_path_factory):
         "--max-total-tokens", "80", log_path=log,
     )  # fmt: skip
     try:
-        server.wait_healthy(timeout_s=180)
+        server.wait_healthy(timeout_s=300)
         yield server, model_dir
     finally:
         server.stop()
@@ -70,6 +70,25 @@ def test_generate_with_markdown_image(vlm_server, reference):
     details = response.json()["details"]
     assert [t["id"] for t in details["tokens"]] == tokens
     assert details["prefill"] == [] or len(details["prefill"]) == len(ids)
+
+
+def test_generate_stream_with_two_images(vlm_server, reference):
+    """Streaming with images: the events' tokens are the non-streamed response's."""
+    import json
+
+    server, _ = vlm_server
+    other = data_uri(png_bytes(56, 56, seed=12))
+    inputs = chat_prompt(f"![]({data_uri(IMAGE)}) and ![]({other}) {QUESTION}")
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": NEW_TOKENS, "details": True}}
+    whole = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    expected = [t["id"] for t in whole["details"]["tokens"]]
+    streamed = []
+    with httpx.stream("POST", f"{server.url}/generate_stream", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                streamed.append(json.loads(line[5:])["token"]["id"])
+    assert streamed == expected
 
 
 def test_openai_image_url_data_uri_and_loopback_url(vlm_server, reference):

@@ -77,3 +77,13 @@ def test_gguf_types_are_batch_invariant(mixed_gguf, prompts):
     """Every GGUF block type (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; a BF16 embedding
     and an F16 head) on their kernels."""
     check_batch_invariance(str(mixed_gguf[0]), prompts, fused=True)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8"])
+def test_prequantized_checkpoints_are_batch_invariant(fmt, tiny_llama_dir, tmp_path, prompts):
+    """A GPTQ act-order checkpoint (its input gather included) and a block-scaled FP8 one, on
+    the fp32-activation kernels (layer by layer: the fused stack takes int8 activations)."""
+    from fixtures.prequantized import build_checkpoint
+
+    build_checkpoint(tiny_llama_dir, tmp_path / fmt, fmt)
+    check_batch_invariance(str(tmp_path / fmt), prompts, fused=False)

@@ -62,6 +62,18 @@ def test_the_cache_is_bounded_in_estimated_bytes(vocab):
         compiler.close()
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.regex("a\ud800"),
+        GrammarSpec.json_schema({"properties": {"\udfff": {"type": "string"}}}),
+    ],
+)
+def test_a_lone_surrogate_is_a_grammar_error_not_a_crash(spec):
+    with pytest.raises(GrammarError, match="lone UTF-16 surrogate"):
+        check_grammar(spec, CONFIG)
+
+
 def test_failures_are_cached_too(compiler):
     spec = GrammarSpec.json_schema({"type": "stsring"})
     with pytest.raises(GrammarError):

@@ -45,7 +45,12 @@ def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[flo
     kwargs = {}
     if images:
         for name in images[0].features:
-            kwargs[name] = torch.from_numpy(np.concatenate([i.features[name] for i in images]))
+            arrays = [i.features[name] for i in images]
+            if arrays[0].ndim == 5:  # Llava-Next tiles [1, P, C, S, S]: padded to the most P
+                most = max(a.shape[1] for a in arrays)
+                pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
+                arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
+            kwargs[name] = torch.from_numpy(np.concatenate(arrays))
         if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
     out = hf.generate(

@@ -75,7 +75,7 @@ class ShardCollector:
             raise ModelLoadError(
                 f"shard {tuple(src.shape)} does not fit rows of {tuple(self.shape)}"
             )
-        piece = src if isinstance(src, Piece) else self._quantize(src)
+        piece = self._quantize(src) if isinstance(src, torch.Tensor) else src  # else a piece
         self._pieces[self._offset] = piece
         if sum(p.shape[0] for p in self._pieces.values()) == self._n:
             pieces = [self._pieces[o] for o in sorted(self._pieces)]

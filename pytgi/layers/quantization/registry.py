@@ -28,6 +28,11 @@ from pytgi.layers.quantization.cpu_methods import (
     Fp8LinearMethod,
     Int8LinearMethod,
 )
+from pytgi.layers.quantization.detect import (
+    CheckpointQuant,
+    check_checkpoint_quant,
+    check_quantize_needs_checkpoint,
+)
 from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, ActivationPolicy
 from pytgi.layers.quantization.quantizers import quantize_per_channel_int8
 
@@ -107,22 +112,36 @@ def resolve_quant_config(
     dtype: torch.dtype,
     activations: str | None = None,
 ) -> QuantConfig | None:
-    """`--quantize` (with `--quantize-activations`) and the checkpoint's
-    `quantization_config.quant_method` -> the config, or a ConfigError naming what cannot run
-    together."""
+    """`--quantize` (with `--quantize-activations`) on a full-precision checkpoint -> the
+    on-the-fly config, or a ConfigError naming what cannot run together (a pre-quantized
+    checkpoint goes through `check_prequantized_options` and prequantized.py instead)."""
     if checkpoint_method is not None:
-        raise ConfigError(
-            f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
-            + (f" (and --quantize {quantize} cannot re-quantize them)" if quantize else "")
-        )
+        raise ConfigError(f"the checkpoint is already quantized with '{checkpoint_method}'")
     if quantize is None:
         return None
+    check_quantize_needs_checkpoint(quantize)
     if dtype != torch.float32:
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
     return quant_config_for(quantize, activation_policy(quantize, activations))
+
+
+def check_prequantized_options(
+    quant: CheckpointQuant, quantize: str | None, dtype, activations: str | None = None
+) -> ActivationPolicy:
+    """What cannot serve a pre-quantized checkpoint: an unsupported method or format, a
+    `--quantize` naming another method, a compute dtype other than the kernels' float32. Returns
+    the activation policy: full precision by default (these formats are weight-only),
+    `--quantize-activations int8` on request (not for fp8)."""
+    method = check_checkpoint_quant(quant, quantize)
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"{method} checkpoints run the CPU kernels on float32 activations: use --dtype "
+            f"float32 (got {str(dtype).removeprefix('torch.')})"
+        )
+    return POLICIES[activations_for(method, activations)]
 
 
 def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:

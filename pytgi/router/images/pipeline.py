@@ -133,9 +133,9 @@ class ImagePipeline:
         """Each image's runs at the runs of placeholder tokens in `ids`, in order; a placeholder
         token typed into the text (or a run cut by truncation) makes the counts disagree: a 422.
         A run's content hash is its image's, with the run's index when the image has several."""
-        runs = _runs(ids, self.placeholder_id)
         expected = [n for image in images for n in image.output.run_lengths]
-        if [length for _, length in runs] != expected:
+        runs = _split_runs(_runs(ids, self.placeholder_id), expected)
+        if runs is None:
             raise input_error(
                 "invalid image content: the prompt's image placeholder tokens do not match its "
                 "images (placeholder tokens in the text, or an image cut by truncation)"
@@ -150,6 +150,21 @@ class ImagePipeline:
             MultimodalInput("image", start, length, key, features)
             for (start, length), (key, features) in zip(runs, keyed, strict=True)
         )
+
+
+def _split_runs(runs: list[tuple[int, int]], expected: list[int]) -> list[tuple[int, int]] | None:
+    """The placeholder runs cut into the expected lengths, in order (two images with nothing
+    between them are one run of tokens); None when they do not add up exactly."""
+    out, it = [], iter(runs)
+    start, left = 0, 0
+    for length in expected:
+        if left == 0:
+            start, left = next(it, (0, 0))
+        if length > left:
+            return None
+        out.append((start, length))
+        start, left = start + length, left - length
+    return out if left == 0 and next(it, None) is None else None
 
 
 def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:

@@ -111,6 +111,40 @@ class Idefics3Processing(FamilyProcessor):
         return ProcessorOutput(runs, [self.image_seq_len] * len(runs), text)
 
 
+class LlavaNextProcessing(FamilyProcessor):
+    """Llava-Next: the image tiled at its best `image_grid_pinpoints` resolution plus a base
+    view, one run of <image> tokens per image, as many as LlavaNextProcessor counts (the base
+    view's patches, the unpadded grid's patches and one newline per grid row)."""
+
+    image_token = "<image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        from transformers import LlavaNextProcessor
+
+        counter = LlavaNextProcessor.__new__(LlavaNextProcessor)  # its counting, no tokenizer
+        counter.image_processor = image_processor
+        counter.patch_size = hf_config.vision_config.patch_size
+        counter.vision_feature_select_strategy = hf_config.vision_feature_select_strategy
+        counter.num_additional_image_tokens = 1  # CLIP's CLS, dropped again by "default"
+        self.counter = counter
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        tiles = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)  # [1, P, C, S, S]
+        sizes = np.asarray(out["image_sizes"], dtype=np.int64)  # [1, 2]: (height, width)
+        height, width = tiles.shape[-2:]
+        num_tokens = self.counter._get_number_of_features(
+            int(sizes[0, 0]), int(sizes[0, 1]), height, width
+        )
+        if self.counter.vision_feature_select_strategy == "default":
+            num_tokens -= 1
+        features = {"pixel_values": tiles, "image_sizes": sizes}
+        return ProcessorOutput([features], [num_tokens], self.image_token * num_tokens)
+
+
 def _first(value) -> int:
     """rows / cols come as [[n]] for one image (0: not split)."""
     while isinstance(value, list | tuple | np.ndarray):
@@ -123,6 +157,7 @@ PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "qwen2_vl": Qwen2VLProcessing,
     "qwen2_5_vl": Qwen2VLProcessing,
     "idefics3": Idefics3Processing,
+    "llava_next": LlavaNextProcessing,
 }
 
 

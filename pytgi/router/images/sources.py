@@ -53,21 +53,18 @@ def decode_data_uri(url: str, config: ImageConfig) -> tuple[str, bytes]:
     if not mime.startswith("image/"):
         raise input_error(f"invalid image content: unsupported content type `{mime}`")
     estimate = len(payload) * 3 // 4
-    _check_size(estimate, config)
+    check_size(estimate, config)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise input_error(f"base64 encoding is invalid: {exc}") from exc
-    _check_size(len(data), config)
+    check_size(len(data), config)
     return mime, data
 
 
-def _check_size(size: int, config: ImageConfig) -> None:
+def check_size(size: int, config: ImageConfig) -> None:
     if size > config.max_fetch_bytes:
         raise input_error(
             f"Image size {size} bytes exceeds maximum allowed size of "
             f"{config.max_fetch_bytes} bytes"
         )
-
-
-check_size = _check_size

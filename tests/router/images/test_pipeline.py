@@ -97,6 +97,37 @@ def test_idefics3_prompt_equals_the_transformers_processor(tiny_vlm_factory):
     assert len({p.content_hash for p in placed}) == 10
 
 
+def test_llava_next_prompt_equals_the_transformers_processor(tiny_vlm_factory):
+    """Llava-Next: one run per image of the length LlavaNextProcessor expands <image> to, the same
+    tiles; two images with nothing between them (one run of tokens) are still told apart."""
+    from transformers import AutoImageProcessor, AutoTokenizer, LlavaNextProcessor
+
+    from pytgi.router.images.decode import decode_image
+
+    model_dir = tiny_vlm_factory("llava_next")
+    tokenizer = Tokenizer.from_dir(model_dir)
+    pipeline = make_pipeline(model_dir, tokenizer)
+    images = [png_bytes(90, 40, seed=1), png_bytes(30, 70, seed=2)]
+    text = f"Hi ![]({data_uri(images[0])})![]({data_uri(images[1])}) x"
+    expanded, processed = asyncio.run(pipeline.expand(text))
+    hf = LlavaNextProcessor(
+        AutoImageProcessor.from_pretrained(model_dir, use_fast=False),
+        AutoTokenizer.from_pretrained(model_dir),
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    pil = [decode_image(b, ImageConfig()) for b in images]
+    ref = hf(text=["Hi <image><image> x"], images=pil, return_tensors="np")
+    ids = tokenizer.encode(expanded, add_special_tokens=False).ids
+    assert ids == ref["input_ids"][0].tolist()
+    placed = pipeline.place(ids, processed)
+    assert [p.offset for p in placed] == [placed[0].offset, placed[0].end]  # adjacent runs
+    for image, tiles in zip(placed, ref["pixel_values"], strict=True):
+        n = image.features["pixel_values"].shape[1]
+        np.testing.assert_array_equal(image.features["pixel_values"][0], tiles[:n])
+
+
 def test_cache_processes_an_image_once_and_is_bounded(vlm_dir, tokenizer):
     pipeline = make_pipeline(vlm_dir, tokenizer)
     uri = data_uri(png_bytes(64, 64, seed=3))
