@@ -89,9 +89,11 @@ def check_model_dir(
     num_shard: int = 1,
     quantize: str | None = None,
     dtype: str | None = None,
+    weights_dir: str | None = None,
 ) -> ModelPlan:
-    """The plan for serving `model_dir`; raises `ModelLoadError` (`ConfigError` for flags that
-    cannot go together) with the cause."""
+    """The plan for serving `model_dir` (its weight files in `weights_dir` when given: TGI's
+    --weights-cache-override); raises `ModelLoadError` (`ConfigError` for flags that cannot go
+    together) with the cause."""
     plan = check_model_config(
         model_dir,
         implementation=implementation,
@@ -100,9 +102,14 @@ def check_model_dir(
     )
     gguf = read_marker(model_dir)
     if gguf is None:
-        find_weight_files(Path(model_dir), allow_pickle_weights)
+        find_weight_files(Path(weights_dir or model_dir), allow_pickle_weights)
         check_fallback_quantization(Path(model_dir), plan)
         return replace(plan, quantize=checkpoint_quantization(Path(model_dir), quantize, dtype))
+    if weights_dir is not None:
+        raise ConfigError(
+            "--weights-cache-override names where a checkpoint's safetensors files are; a GGUF "
+            "model is one file: pass it as --model-id"
+        )
     if quantize is not None:
         raise ConfigError(
             f"--quantize {quantize} cannot re-quantize a GGUF model: its weights are served in "

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi.errors import ModelLoadError
 from pytgi.layers.moe.config import MoEConfig
+
+logger = logging.getLogger(__name__)
 
 SHAPE = {"role": "shape"}
 OUTSIDE = {"role": "outside"}
@@ -202,6 +205,14 @@ def require(hf_config, name: str):
     if value is None:
         raise ModelLoadError(f"config.json has no '{name}'")
     return value
+
+
+def override_rope_scaling(hf_config, kind: str, factor: float) -> None:
+    """TGI's --rope-scaling/--rope-factor: config.json's rope_scaling replaced by `{type,
+    factor}` (the transformers fallback reads the same config, so both implementations follow)."""
+    previous = getattr(hf_config, "rope_scaling", None)
+    hf_config.rope_scaling = {"type": kind, "rope_type": kind, "factor": float(factor)}
+    logger.info("rope scaling overridden: %s x%g (config.json: %s)", kind, factor, previous)
 
 
 def rope_scaling(hf_config) -> dict | None:

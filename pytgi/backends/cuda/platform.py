@@ -44,7 +44,10 @@ class CudaPlatform(Platform):
 
             self.kernels = ops
         else:
-            logger.info("Triton layer kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch ops")
+            logger.info(
+                "Triton layer kernels disabled (--disable-custom-kernels or PYTGI_CPU_KERNELS=0): "
+                "pure-torch ops"
+            )
 
     @property
     def device(self) -> torch.device:
