@@ -48,6 +48,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        **envs.model_fields(),
     )
 
 
@@ -110,7 +111,10 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(
-            num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
+            num_shard=num_shard(args),
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            **envs.parallel_fields(),
         ),
         device=device_config(args),
         num_threads=args.num_threads,

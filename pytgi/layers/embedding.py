@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
-from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
@@ -46,7 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         quant_config: QuantConfig | None = None,
     ):
         super().__init__()
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         per_rank = cdiv(num_embeddings, self.tp.world_size)
@@ -187,7 +186,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""
-        logits = tp_gather_to_first_rank(self._local_logits(hidden))  # [N, V_padded]
+        local = self._local_logits(hidden)  # [N, V_local]
+        logits = local if self.tp.world_size == 1 else tp_gather_to_first_rank(local)  # [N, V_pad]
         if logits is None:
             return None
         return logits[:, : self.num_embeddings]  # drops the padding rows of the last rank

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,22 +25,25 @@ class ForwardContext:
     fused_layers: FusedLayers | None = None  # the accelerator's decoder stack for this step
 
 
-_CONTEXT: ForwardContext | None = None
+_CONTEXT: ContextVar[ForwardContext | None] = ContextVar("pytgi_forward_context", default=None)
 
 
 @contextmanager
 def forward_context(
     attn_metadata: Any, kv_caches: dict[str, KVCache], fused_layers: FusedLayers | None = None
 ) -> Iterator[ForwardContext]:
-    global _CONTEXT
-    assert _CONTEXT is None, "forward_context does not nest"
-    _CONTEXT = ForwardContext(attn_metadata, kv_caches, fused_layers)
+    if _CONTEXT.get() is not None:
+        raise RuntimeError("forward_context does not nest")
+    context = ForwardContext(attn_metadata, kv_caches, fused_layers)
+    token = _CONTEXT.set(context)
     try:
-        yield _CONTEXT
+        yield context
     finally:
-        _CONTEXT = None
+        _CONTEXT.reset(token)
 
 
 def get_forward_context() -> ForwardContext:
-    assert _CONTEXT is not None, "a layer ran outside a forward_context"
-    return _CONTEXT
+    context = _CONTEXT.get()
+    if context is None:
+        raise RuntimeError("a layer ran outside a forward_context")
+    return context

@@ -174,7 +174,13 @@ def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
 
-    return resolve_quant_config(model_config.quantize, checkpoint, dtype)
+    return resolve_quant_config(
+        model_config.quantize,
+        checkpoint,
+        dtype,
+        activations=model_config.quant_activations,
+        quantize_lm_head=model_config.quantize_lm_head,
+    )
 
 
 class _Checkpoint:
@@ -205,7 +211,8 @@ class _Checkpoint:
 
         check_gguf_options(self.model_config.quantize, dtype)
         types = self.gguf.hf_tensor_types()
-        return GGUFQuantConfig(types, model_class.packed_modules_mapping, activation_policy())
+        policy = activation_policy(self.model_config.quant_activations)
+        return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
     def names(self) -> list[str]:
         if self.gguf is not None:

@@ -68,6 +68,7 @@ def engine_config(
             allow_pickle_weights=allow_pickle_weights,
             quantize=quantize,
             gguf_file=gguf_file,
+            **envs.model_fields(),
         ),
         cache=CacheConfig(
             block_size=block_size,
@@ -81,7 +82,7 @@ def engine_config(
             num_speculative_tokens=speculate,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
-        parallel=ParallelConfig(num_shard=num_shard),
+        parallel=ParallelConfig(num_shard=num_shard, **envs.parallel_fields()),
         device=envs.device_config(),
         num_threads=num_threads,
     )

@@ -13,7 +13,6 @@ import logging
 import re
 from collections.abc import Callable
 
-from pytgi import envs
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.parallel_state import destroy_distributed
 from pytgi.errors import EngineDeadError, PytgiError
@@ -128,7 +127,7 @@ class MultiprocExecutor(Executor):
         message = f"a tensor-parallel step failed on rank 0: {_describe(exc)}"
         if "timed out" in message.lower():
             message += (
-                f" (a rank did not answer within {envs.tp_collective_timeout_s():g}s, "
+                f" (a rank did not answer within {self.config.parallel.collective_timeout_s:g}s, "
                 "PYTGI_TP_COLLECTIVE_TIMEOUT_S)"
             )
         return EngineDeadError(message)

@@ -23,7 +23,7 @@ import torch
 
 from pytgi.backends.base import KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
-from pytgi.distributed.parallel_state import get_tp_info
+from pytgi.distributed.parallel_state import TPInfo
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
@@ -45,7 +45,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, platform: Platform, rank: int = 0):
         self.config = config
         self.platform = platform
-        self.tp = get_tp_info()
+        self.tp = TPInfo(rank, config.parallel.num_shard)
         self.device = platform.device_for_rank(rank)
         self.block_size = config.cache.block_size
         dtype = config.model.dtype
@@ -77,6 +77,7 @@ class ModelRunner:
             attention=self.attention,
             dtype=self.dtype,
             max_model_len=self.config.model.max_model_len,
+            tp=self.tp,
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
         self.kv_specs = {

@@ -37,7 +37,7 @@ class CpuPlatform(Platform):
         if self.config.kernels:
             from pytgi.backends.cpu.kernels import load_cpu_kernels
 
-            self.kernels = load_cpu_kernels()
+            self.kernels = load_cpu_kernels(self.config.quant_isa, self.config.kernel_build_root)
         else:
             logger.info("CPU kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch path")
 

@@ -6,8 +6,9 @@ quantizers.py): `eetq` (int8 per channel, weight-only), `bitsandbytes` (LLM.int8
 activation columns above 6.0 in fp32), `bitsandbytes-nf4` / `bitsandbytes-fp4` (64-wide blocks,
 absmax scales, the code tables), `fp8` (e4m3, per-channel scales). Every linear layer uses it;
 the LM head stays in full precision as in TGI (its on-the-fly methods load the head through a
-path that is not quantization-aware) unless PYTGI_QUANTIZE_LM_HEAD=1, which quantizes it too (a
-tied embedding then dequantises the rows it looks up): fewer bytes per decode step, at an
+path that is not quantization-aware) unless `ModelConfig.quantize_lm_head`
+(PYTGI_QUANTIZE_LM_HEAD=1), which quantizes it too (a tied embedding then dequantises the rows it
+looks up): fewer bytes per decode step, at an
 accuracy cost measured in docs/PERFORMANCE.md.
 """
 
@@ -19,7 +20,6 @@ from types import ModuleType
 
 import torch
 
-from pytgi import envs
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
@@ -37,9 +37,8 @@ DEFAULT_POLICY = ActivationPolicy(int8_from_rows=1)
 POLICIES = {"int8": DEFAULT_POLICY, "fp32": FP32_ACTIVATIONS}
 
 
-def activation_policy() -> ActivationPolicy:
-    """The policy PYTGI_QUANT_ACTIVATIONS names (int8 by default)."""
-    name = envs.quant_activations()
+def activation_policy(name: str) -> ActivationPolicy:
+    """The policy `ModelConfig.quant_activations` (PYTGI_QUANT_ACTIVATIONS) names."""
     if name not in POLICIES:
         raise ConfigError(f"PYTGI_QUANT_ACTIVATIONS must be one of {', '.join(POLICIES)}")
     return POLICIES[name]
@@ -85,29 +84,29 @@ SUPPORTED_QUANTIZE = tuple(_factories(DEFAULT_POLICY))
 
 
 def quant_config_for(
-    name: str,
-    policy: ActivationPolicy | None = None,
-    quantize_lm_head: bool | None = None,
+    name: str, policy: ActivationPolicy = DEFAULT_POLICY, quantize_lm_head: bool = False
 ) -> QuantConfig:
-    """The QuantConfig of `--quantize name`, with the activation policy given (default:
-    `activation_policy()`) and the LM head quantized or not (default: PYTGI_QUANTIZE_LM_HEAD,
-    off)."""
-    factories = _factories(policy or activation_policy())
+    """The QuantConfig of `--quantize name`, with the activation policy given and the LM head
+    quantized or not (TGI: not)."""
+    factories = _factories(policy)
     if name not in factories:
         raise ConfigError(
             f"--quantize {name} is not supported on CPU by pytgi "
             f"(supported: {', '.join(SUPPORTED_QUANTIZE)})"
         )
-    if quantize_lm_head is None:
-        quantize_lm_head = envs.quantize_lm_head()
     return OnTheFlyQuantConfig(name, factories[name], quantize_lm_head)
 
 
 def resolve_quant_config(
-    quantize: str | None, checkpoint_method: str | None, dtype: torch.dtype
+    quantize: str | None,
+    checkpoint_method: str | None,
+    dtype: torch.dtype,
+    activations: str = "int8",
+    quantize_lm_head: bool = False,
 ) -> QuantConfig | None:
     """`--quantize` and the checkpoint's `quantization_config.quant_method` -> the config, or a
-    ConfigError naming what cannot run together."""
+    ConfigError naming what cannot run together. `activations` names the activation policy
+    (`POLICIES`)."""
     if checkpoint_method is not None:
         raise ConfigError(
             f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
@@ -120,7 +119,7 @@ def resolve_quant_config(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
-    return quant_config_for(quantize)
+    return quant_config_for(quantize, activation_policy(activations), quantize_lm_head)
 
 
 def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:

@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytgi import envs
-from pytgi.errors import ModelLoadError
+from pytgi.errors import ConfigError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +65,16 @@ def describe_types(tensor_types: dict[str, int]) -> str:
     return ", ".join(f"{name} x{count}" for name, count in ordered)
 
 
-def prepared_dir(gguf_file: Path) -> Path:
-    """The model directory of `gguf_file` in pytgi's cache, written now if it is not there."""
+def prepared_dir(gguf_file: Path, cache_dir: str | None) -> Path:
+    """The model directory of `gguf_file` under `cache_dir` (`ModelConfig.cache_dir`), written now
+    if it is not there."""
+    if cache_dir is None:
+        raise ConfigError(f"no cache directory to prepare {gguf_file.name} in (PYTGI_CACHE_DIR)")
     path = gguf_file.resolve()
     stat = path.stat()
     identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{LAYOUT_VERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    directory = Path(envs.cache_dir()) / "gguf" / f"{path.stem}-{key}"
+    directory = Path(cache_dir) / "gguf" / f"{path.stem}-{key}"
     if (directory / MARKER).is_file():
         return directory
     directory.parent.mkdir(parents=True, exist_ok=True)
