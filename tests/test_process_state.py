@@ -1,7 +1,7 @@
 """Configuration reaches the code through the frozen configs, and no module keeps hidden process
 state, checked over the source: only the entry points and the config builders import
 `pytgi.envs` (the one reader of os.environ), the threading defaults are set once at the entry
-points, and no module rebinds a global outside the two that own process state."""
+points, and no module rebinds a global but the one that owns the process's rank."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from fixtures.import_graph import MODULES, imported_modules
 # the CLI (pytgi, text-generation-launcher and their subcommands) and the offline API's config
 # builder
 ENVS_READERS = ("pytgi.cli.", "pytgi.benchmark.engine.cli", "pytgi.runtime.build")
-# the process's tensor-parallel rank and group (torch.distributed's state is per process too),
-# and the compiled kernels, loaded once per process
-GLOBAL_OWNERS = {"pytgi.distributed.parallel_state", "pytgi.backends.cpu.kernels"}
+# the process's tensor-parallel rank and group (torch.distributed's state is per process too)
+GLOBAL_OWNERS = {"pytgi.distributed.parallel_state"}
 
 
 def sources() -> dict[str, ast.Module]:
@@ -64,3 +63,16 @@ def test_no_module_rebinds_a_global_outside_the_state_owners():
 def _called_name(call: ast.Call) -> str | None:
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+
+
+def test_quantized_layers_reach_the_kernels_through_the_platform_only():
+    """layers/quantization names no backend's modules: the platform's `QuantOps` (from the build
+    context) packs and multiplies, on the kernel table chosen at start-up."""
+    reaching = {
+        (module, target)
+        for module, path in MODULES.items()
+        if module.startswith("pytgi.layers.quantization")
+        for target in imported_modules(module, path.read_text(), path.name == "__init__.py")
+        if target.startswith(("pytgi.backends.cpu", "pytgi.backends.cuda"))
+    }
+    assert reaching == set()

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pytgi.backends.base import AttentionBackend
+from pytgi.backends.base import AttentionBackend, QuantOps
 from pytgi.distributed.parallel_state import TPInfo
 
 
@@ -29,6 +29,8 @@ class BuildContext:
     dtype: torch.dtype = torch.float32
     max_model_len: int | None = None  # positions the model must serve (rotary tables)
     tp: TPInfo = TPInfo(rank=0, world_size=1)  # this rank's place in the tensor-parallel group
+    # the platform's quantized products; None: the CPU ones on `kernels` (the best kernel table)
+    quant_ops: QuantOps | None = None
 
     def attention_backend(self) -> AttentionBackend:
         if self.attention is not None:
@@ -36,6 +38,13 @@ class BuildContext:
         from pytgi.backends.cpu.attention import CpuAttentionBackend
 
         return CpuAttentionBackend(None)
+
+    def quant(self) -> QuantOps:
+        if self.quant_ops is not None:
+            return self.quant_ops
+        from pytgi.backends.cpu.quant_ops import CpuQuantOps
+
+        return CpuQuantOps(self.kernels)
 
 
 _CONTEXT: ContextVar[BuildContext | None] = ContextVar("pytgi_build_context", default=None)

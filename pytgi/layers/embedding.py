@@ -63,7 +63,8 @@ class VocabParallelEmbedding(nn.Module):
         # module, which would make the module tree cyclic)
         self.row_lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
         # a quantized embedding (not tied): its rows packed in a quantized layout as they load
-        self.row_method = quant_config.get_embedding_method(self.kernels) if quant_config else None
+        quant_ops = current_build_context().quant() if quant_config else None
+        self.row_method = quant_config.get_embedding_method(quant_ops) if quant_config else None
         if self.row_method is not None:
             self._quantized_weight(self.row_method, dtype)
 
@@ -138,7 +139,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.num_local, dtype=dtype), requires_grad=False)
             set_weight_attrs(self.bias, weight_loader=self.weight_loader)
-        self.head_method = quant_config.get_lm_head_method(self.kernels) if quant_config else None
+        quant_ops = current_build_context().quant() if quant_config else None
+        self.head_method = quant_config.get_lm_head_method(quant_ops) if quant_config else None
         if self.head_method is not None:  # this rank's real rows, packed as they load
             self._quantized_weight(self.head_method, dtype)
 

@@ -57,8 +57,9 @@ class LinearBase(nn.Module):
         self.input_size = input_size
         self.output_size = sum(output_partition_sizes)
         params_dtype = params_dtype or torch.get_default_dtype()
-        kernels = current_build_context().kernels
-        method = quant_config.get_linear_method(prefix, kernels) if quant_config else None
+        context = current_build_context()
+        kernels = context.kernels
+        method = quant_config.get_linear_method(prefix, context.quant()) if quant_config else None
         self.quant_method = method or UnquantizedLinearMethod(kernels)
         self.quant_method.create_weights(
             self, input_size, output_partition_sizes, params_dtype, self.weight_loader

@@ -78,6 +78,7 @@ class ModelRunner:
             dtype=self.dtype,
             max_model_len=self.config.model.max_model_len,
             tp=self.tp,
+            quant_ops=self.platform.quant_ops(self.dtype),
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
         self.kv_specs = {

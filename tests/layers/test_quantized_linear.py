@@ -85,7 +85,7 @@ def assert_output(layer, x, dense, bias=None):
     activations, the float64 reference of the same quantised activations."""
     y = layer(x).double()
     method = layer.quant_method
-    if method.kernels is not None and method.policy.int8_acts(x.shape[0]):
+    if method.ops.compiled and method.policy.int8_acts(x.shape[0]):
         expected = int8_acts_reference(x, layer.quant_packed)
     else:
         expected = x.double() @ dense.double().t()

@@ -6,15 +6,17 @@ sources, the header, the compiler flags, torch's version and Python's ABI: check
 with the same sources share one build, and one with other sources never loads it. A file lock
 makes concurrent first starts build once (the others wait, then load).
 
-`load_cpu_kernels()` is called once per process by `CpuPlatform` when the device config allows
-kernels; it compiles if needed (one to two minutes on two cores, announced in the log before it
-starts) and logs the outcome. The platform hands the module to the layers when they are built
-(`Platform.kernels_for`); a failed build (no compiler) leaves the pure-torch path in charge
-everywhere.
+`load_cpu_kernels()` builds and imports them once per process (later calls return the same
+module); `CpuPlatform` calls it when the device config allows kernels, and resolves the quantized
+kernel table it then names in every call (`resolve_quant_isa`). A build takes one to two minutes
+on two cores, announced in the log before it starts. The platform hands the module to the layers
+when they are built (`Platform.kernels_for`); a failed build (no compiler) leaves the pure-torch
+path in charge everywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -26,6 +28,8 @@ from types import ModuleType
 
 import torch
 from filelock import FileLock
+
+from pytgi.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +54,6 @@ MODULE_NAME = "pytgi_cpu_ops"
 # how a build directory's sources are laid out (copied into it, `_staged_sources`): part of its
 # key, so that no build ever compiled from another layout's paths is reused, or rebuilt
 STAGING = b"staged-sources-1"
-_state: dict[str, ModuleType | None] = {}
 
 
 def _cflags() -> list[str]:
@@ -124,19 +127,32 @@ def _staged_sources(directory: Path) -> list[str]:
     return [str(staged / path.name) for path in SOURCES]
 
 
-def load_cpu_kernels(quant_isa: str = "auto", build_root: str | None = None) -> ModuleType | None:
-    """Build (or reuse) and import the kernels, once per process; None when the build fails.
-    `quant_isa` (`DeviceConfig.quant_isa`) picks the quantized-kernel table at the first load."""
-    if "module" in _state:
-        return _state["module"]
-    module = None
+def load_cpu_kernels(build_root: str | None = None) -> ModuleType | None:
+    """Build (or reuse) and import the kernels, once per process; None when the build fails."""
+    return _load_once(build_root)
+
+
+@functools.cache  # one import per process: a second would register the kernels' types again
+def _load_once(build_root: str | None) -> ModuleType | None:
     start = time.perf_counter()
     try:
         module = _build_and_import(build_root)
-        logger.info("CPU kernels ready (%.1f s)", time.perf_counter() - start)
     except Exception as exc:  # no compiler or headers: the torch path still works
         logger.warning("CPU kernels unavailable, using the pure-torch path: %s", exc)
-    _state["module"] = module
-    if module is not None:  # outside the try: an unknown or unavailable table is an error
-        module.set_quant_isa(quant_isa)
+        return None
+    logger.info("CPU kernels ready (%.1f s)", time.perf_counter() - start)
     return module
+
+
+def resolve_quant_isa(module: ModuleType, requested: str) -> str:
+    """The quantized-kernel table `requested` (DeviceConfig.quant_isa, PYTGI_QUANT_ISA) names:
+    "auto" is the best this build and CPU have; a table they lack is a start-up error."""
+    available = module.quant_isas()  # best first
+    if requested == "auto":
+        return available[0]
+    if requested not in available:
+        raise ConfigError(
+            f"PYTGI_QUANT_ISA={requested}: the {requested} quant kernels are not available on this "
+            f"build/CPU (available: auto, {', '.join(available)})"
+        )
+    return requested

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from types import ModuleType
 
 import torch
 
+from pytgi.backends.base import QuantOps
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
@@ -45,38 +45,38 @@ def activation_policy(name: str) -> ActivationPolicy:
 
 
 class OnTheFlyQuantConfig(QuantConfig):
-    """One `--quantize` method: a fresh LinearMethod per layer from `make_method(kernels)`, the
-    kernels being the platform's compiled module for the model (None: the torch path)."""
+    """One `--quantize` method: a fresh LinearMethod per layer from `make_method(ops)`, the ops
+    being the platform's quantized products for the model."""
 
     def __init__(
         self,
         name: str,
-        make_method: Callable[[ModuleType | None], LinearMethod],
+        make_method: Callable[[QuantOps], LinearMethod],
         quantize_lm_head: bool = False,
     ):
         self.name = name
         self._make_method = make_method
         self.quantize_lm_head = quantize_lm_head
 
-    def get_linear_method(self, prefix: str, kernels) -> LinearMethod:
-        return self._make_method(kernels)
+    def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod:
+        return self._make_method(ops)
 
-    def get_lm_head_method(self, kernels) -> LinearMethod | None:
-        return self._make_method(kernels) if self.quantize_lm_head else None
+    def get_lm_head_method(self, ops: QuantOps) -> LinearMethod | None:
+        return self._make_method(ops) if self.quantize_lm_head else None
 
 
 def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
-    """--quantize name -> (kernels -> LinearMethod)."""
+    """--quantize name -> (ops -> LinearMethod)."""
     eetq = partial(quantize_per_channel_int8, source="eetq")
     llm_int8 = partial(quantize_per_channel_int8, source="bitsandbytes")
     return {
-        "eetq": lambda kernels: Int8LinearMethod(kernels, policy, eetq),
-        "bitsandbytes": lambda kernels: Int8LinearMethod(
-            kernels, policy, llm_int8, outlier_threshold=LLM_INT8_THRESHOLD
+        "eetq": lambda ops: Int8LinearMethod(ops, policy, eetq),
+        "bitsandbytes": lambda ops: Int8LinearMethod(
+            ops, policy, llm_int8, outlier_threshold=LLM_INT8_THRESHOLD
         ),
-        "bitsandbytes-nf4": lambda kernels: CodebookLinearMethod(kernels, policy, "nf4"),
-        "bitsandbytes-fp4": lambda kernels: CodebookLinearMethod(kernels, policy, "fp4"),
-        "fp8": lambda kernels: Fp8LinearMethod(kernels),
+        "bitsandbytes-nf4": lambda ops: CodebookLinearMethod(ops, policy, "nf4"),
+        "bitsandbytes-fp4": lambda ops: CodebookLinearMethod(ops, policy, "fp4"),
+        "fp8": lambda ops: Fp8LinearMethod(ops),
     }
 
 
