@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
+QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
+# --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones (docs/KV_CACHE.md)
+KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
@@ -46,13 +49,18 @@ class ModelConfig:
     # where pytgi keeps files it derives from models (a GGUF file's config and tokenizer):
     # PYTGI_CACHE_DIR; None: nowhere (a GGUF model then cannot be prepared)
     cache_dir: str | None = None
-    # how quantized linear layers take their activations on CPU (PYTGI_QUANT_ACTIVATIONS):
-    # "int8" (quantised per row and 32-wide block) or "fp32" (exact products, slower)
-    quant_activations: str = "int8"
+    # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
+    # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
+    quantize_activations: str | None = None
     # PYTGI_QUANTIZE_LM_HEAD: the `--quantize` method quantizes the LM head too (TGI: it does not)
     quantize_lm_head: bool = False
 
     def __post_init__(self):
+        if self.quantize_activations not in (None, *QUANT_ACTIVATIONS):
+            raise ConfigError(
+                f"--quantize-activations must be one of {', '.join(QUANT_ACTIVATIONS)}, "
+                f"got '{self.quantize_activations}'"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
         if self.implementation not in MODEL_IMPLEMENTATIONS:
@@ -70,8 +78,16 @@ class CacheConfig:
     # hard cap on KV memory (CPU: RAM is shared with everything)
     max_kv_cache_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # --kv-cache-dtype: None = the model dtype (or fp8_e4m3fn for a checkpoint whose
+    # compressed-tensors config declares an 8-bit float KV cache)
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self):
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got '{self.kv_cache_dtype}'"
+            )
         if self.block_size <= 0:
             raise ConfigError("block_size must be > 0")
         if not 0.0 < self.memory_fraction <= 1.0:
@@ -163,6 +179,10 @@ class CacheInfo:
     max_position_embeddings: int
     dtype: str
     device: str
+    kv_cache_dtype: str = ""  # the caches' storage dtype
+    kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
+    # every attention layer has a sliding window: the largest (older blocks are freed); else None
+    sliding_window: int | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
@@ -205,6 +225,9 @@ class GrammarConfig:
     compile_threads: int = 1
     mask_threads: int = 1  # threads filling a batch's token masks
     cache_size: int = 256  # compiled grammars kept, by spec
+    # and their estimated memory (grammar/compiler.py, `estimated_bytes`): the engine's host
+    # memory for compiled grammars, taken from the KV cache's budget on CPU
+    cache_bytes: int = 256 << 20
 
     def __post_init__(self):
         if not self.compile_timeout_s > 0:

@@ -88,7 +88,7 @@ def model_fields() -> dict:
     PYTGI_QUANT_ACTIVATIONS, PYTGI_QUANTIZE_LM_HEAD)."""
     return {
         "cache_dir": cache_dir(),
-        "quant_activations": quant_activations(),
+        "quantize_activations": quant_activations(),
         "quantize_lm_head": quantize_lm_head(),
     }
 
@@ -145,11 +145,13 @@ def _positive_float(name: str, default: float) -> float:
     return number
 
 
-def quant_activations() -> str:
-    """PYTGI_QUANT_ACTIVATIONS: how quantized linear layers take their activations on CPU:
-    "int8" (default: quantised per row and 32-wide block, integer kernels) or "fp32" (exact
-    products with the dequantised weights; slower)."""
-    return (get("PYTGI_QUANT_ACTIVATIONS") or "int8").strip().lower()
+def quant_activations() -> str | None:
+    """PYTGI_QUANT_ACTIVATIONS, the twin of `--quantize-activations`: how quantized linear layers
+    take their activations on CPU, "int8" (quantised per row and 32-wide block, integer kernels)
+    or "fp32" (exact products with the dequantised weights); unset (None): each method's TGI
+    numerics (layers/quantization/registry.py)."""
+    value = (get("PYTGI_QUANT_ACTIVATIONS") or "").strip().lower()
+    return value or None
 
 
 def quant_isa() -> str:

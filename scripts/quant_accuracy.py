@@ -2,7 +2,8 @@
 
 Teacher-forced on held-out text (default: this repository's docs/ARCHITECTURE.md, written after
 any public model was trained), pytgi's own model runs the full-precision checkpoint and then each
-method with int8 activations and with fp32 activations (PYTGI_QUANT_ACTIVATIONS), the LM head
+method with int8 activations and with fp32 activations (PYTGI_QUANT_ACTIVATIONS; int8 where the
+method allows it), the LM head
 in full precision (the default) or quantized too (--quantize-lm-head). Per run:
 the logits' RMS error relative to the fp32 model's RMS, the top-1 agreement with the fp32
 model, perplexity on the text and its change. `int8 vs fp32 acts` isolates what activation
@@ -24,6 +25,7 @@ import torch
 from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
+from pytgi.layers.quantization.activations import DEFAULT_ACTIVATIONS, FP32_ONLY
 from pytgi.layers.quantization.registry import SUPPORTED_QUANTIZE
 from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
 from pytgi.messages.sampling_params import SamplingParams
@@ -107,12 +109,13 @@ def main() -> None:
     for method in args.methods.split(","):
         results = {}
         for acts in ("int8", "fp32"):
-            if method == "fp8" and acts == "int8":
-                continue  # fp8 weights always run with fp32 activations
+            if acts == "int8" and method in FP32_ONLY:
+                continue  # refused: int8 activations would alter NF4 / FP4's table; no fp8 kernel
             os.environ["PYTGI_QUANT_ACTIVATIONS"] = acts
             start = time.perf_counter()
             results[acts] = teacher_forced_logits(args.model_dir, ids, method)
-            label = f"{method}, {acts} acts"
+            default = " (default)" if DEFAULT_ACTIVATIONS[method] == acts else ""
+            label = f"{method}, {acts} acts{default}"
             print(
                 compare(label, results[acts], reference, ids, ref_ppl, time.perf_counter() - start)
             )

@@ -55,12 +55,30 @@ def tiny_model_factory(tmp_path_factory):
     built: dict[tuple, Path] = {}
 
     def factory(arch: str = "llama", **overrides) -> Path:
-        key = (arch, tuple(sorted(overrides.items())))
+        key = (arch, repr(sorted(overrides.items())))  # values may be dicts
         if key not in built:
             path = tmp_path_factory.mktemp(f"tiny-{arch}")
             build_tiny_model(path, arch, **overrides)
             built[key] = path
         return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_factory(tmp_path_factory):
+    """`factory(family="qwen2_vl") -> Path`: a cached tiny vision-language checkpoint with its
+    image processor and tokenizer (fixtures/tiny_vlms.py)."""
+    from fixtures.tiny_vlms import build_tiny_vlm
+
+    built: dict[str, Path] = {}
+
+    def factory(family: str = "qwen2_vl") -> Path:
+        if family not in built:
+            path = tmp_path_factory.mktemp(f"tiny-{family}")
+            build_tiny_vlm(path, family)
+            built[family] = path
+        return built[family]
 
     return factory
 
@@ -100,6 +118,46 @@ def gguf_factory(tiny_model_factory, tmp_path_factory):
         return built[key]
 
     return factory
+
+
+# Llama 3.2's rope scaling (factor 32, low 1, high 4, original 8192) and tied embeddings on the
+# tiny model: with 16-wide heads, pairs 0-3 keep their frequencies, 4 is blended, 5-7 are scaled
+LLAMA32_OVERRIDES = dict(
+    tie_word_embeddings=True,
+    max_position_embeddings=16384,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+
+
+@pytest.fixture(scope="session")
+def llama32_gguf(tiny_model_factory, tmp_path_factory) -> tuple[Path, Path]:
+    """(GGUF file, HF checkpoint): a tiny random Llama-3.2-shaped checkpoint converted by
+    llama.cpp's own convert_hf_to_gguf.py (f32); skips when the converter cannot be had."""
+    import torch
+    import transformers
+    from fixtures.llamacpp import LlamaCppUnavailable, convert
+    from fixtures.tiny_models import build_tokenizer
+
+    source = tiny_model_factory("llama3_rope", **LLAMA32_OVERRIDES)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():  # sharp attention: a token's output depends on where its keys are
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(6.0)
+            layer.self_attn.k_proj.weight.mul_(6.0)
+    model_dir = tmp_path_factory.mktemp("llama32-hf")
+    model.save_pretrained(model_dir, safe_serialization=True)
+    build_tokenizer(model_dir)
+    path = tmp_path_factory.mktemp("llama32-gguf") / "llama32.gguf"
+    try:
+        return convert(model_dir, path), model_dir
+    except LlamaCppUnavailable as err:
+        pytest.skip(f"llama.cpp's converter unavailable: {err}")
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,29 @@ import torch
 
 KVCache = tuple[torch.Tensor, ...]  # one layer's cache: (K, V), or (latent,) for an MLA cache
 
+# --kv-cache-dtype's values -> the cache's storage dtype
+KV_CACHE_TORCH_DTYPES = {
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """A layer's per-tensor KV scales (TGI's and vLLM's fp8 convention): a key is stored as
+    k / k_scale in the cache dtype and read back as stored * k_scale; likewise values. From the
+    checkpoint (`k_scale` / `v_scale`, or the legacy shared `kv_scale`), else 1.0."""
+
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @property
+    def is_unit(self) -> bool:
+        return self.k_scale == 1.0 and self.v_scale == 1.0
+
 
 @dataclass
 class AttentionBatch:
@@ -129,6 +152,12 @@ class AttentionImpl(ABC):
 
     def __init__(self, params: AttentionParams):
         self.params = params
+        self.kv_scales = KVScales()
+
+    def set_kv_scales(self, scales: KVScales) -> None:
+        """The checkpoint's KV scales for this layer (before the first forward); a backend that
+        does not apply them to its cache dtype ignores them, as TGI does."""
+        self.kv_scales = scales
 
     @abstractmethod
     def forward(

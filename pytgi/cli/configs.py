@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import SERVED_QUANTIZE
+from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -24,6 +24,8 @@ from pytgi.config import (
     ServerConfig,
 )
 from pytgi.errors import ConfigError
+from pytgi.layers.quantization.activations import activations_for
+from pytgi.router.images.config import ImageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +50,25 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
-        **envs.model_fields(),
+        quantize_activations=getattr(args, "quantize_activations", None)
+        or envs.quant_activations(),
+        cache_dir=envs.cache_dir(),
+        quantize_lm_head=envs.quantize_lm_head(),
     )
 
 
-def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu") -> None:
+def check_quantize(
+    quantize: str | None, dtype: str | None, platform: str = "cpu", activations: str | None = None
+) -> None:
     """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
     engine that will not run on the CPU are refused before anything loads (the engine checks
     again when it builds the model)."""
     if quantize is None:
         return
-    if quantize not in SERVED_QUANTIZE:
+    if quantize not in SERVED_QUANTIZE + CHECKPOINT_QUANTIZE:
         raise ConfigError(
             f"--quantize {quantize} is not supported on CPU by pytgi "
-            f"(supported: {', '.join(SERVED_QUANTIZE)})"
+            f"(supported: {', '.join(SERVED_QUANTIZE + CHECKPOINT_QUANTIZE)})"
         )
     if platform != "cpu":
         raise ConfigError(
@@ -72,6 +79,18 @@ def check_quantize(quantize: str | None, dtype: str | None, platform: str = "cpu
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {dtype})"
+        )
+    activations_for(quantize, activations)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str | None, platform: str) -> None:
+    """An fp8 cache on CUDA is refused before anything loads: pytgi's Triton attention reads
+    16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
+    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8") and platform != "cpu":
+        raise ConfigError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not supported on {platform} by pytgi (its "
+            "attention kernels there read bfloat16/float16/float32 caches; PYTGI_DEVICE=cpu "
+            "serves fp8 caches)"
         )
 
 
@@ -92,7 +111,11 @@ def num_shard(args: argparse.Namespace) -> int:
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
     check_limits(args)
-    check_quantize(args.quantize, args.dtype, expected_platform(device_config(args)))
+    check_quantize(
+        args.quantize, args.dtype, expected_platform(device_config(args)),
+        model.quantize_activations,
+    )  # fmt: skip
+    check_kv_cache_dtype(args.kv_cache_dtype, expected_platform(device_config(args)))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -101,6 +124,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             memory_fraction=args.kv_cache_memory_fraction,
             max_kv_cache_bytes=args.max_kv_cache_bytes,
             enable_prefix_caching=not args.disable_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=args.max_batch_prefill_tokens or default_prefill_tokens(args),
@@ -133,6 +157,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
         compile_threads=args.grammar_compile_threads,
         mask_threads=args.grammar_mask_threads,
         cache_size=args.grammar_cache_size,
+        cache_bytes=args.grammar_cache_bytes,
     )
 
 
@@ -235,6 +260,15 @@ def limits_config(
         max_total_tokens=max_total,
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
+    )
+
+
+def image_config(args: argparse.Namespace) -> ImageConfig:
+    return ImageConfig(
+        max_fetch_bytes=args.max_image_fetch_size,
+        fetch_timeout_s=args.image_fetch_timeout,
+        max_pixels=args.max_image_pixels,
+        allow_private_urls=args.allow_private_image_urls,
     )
 
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.router.images.config import ImageConfig
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,31 @@ QUANTIZE = (
 # the QUANTIZE values pytgi runs (on-the-fly quantisation of a full-precision checkpoint on the
 # CPU kernels; layers/quantization/registry.py); the others are refused at start-up
 SERVED_QUANTIZE = ("eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+# the QUANTIZE values naming a checkpoint's own format (layers/quantization/detect.py): accepted
+# when the checkpoint is stored in it
+CHECKPOINT_QUANTIZE = ("gptq", "awq", "compressed-tensors", "marlin")
 
 
 def _quantize_help() -> str:
     return (
         f"Quantize a full-precision checkpoint's weights at load time (TGI's values; pytgi runs "
-        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). GGUF models are served "
-        "in their own quantized types"
+        f"{', '.join(SERVED_QUANTIZE)} on CPU, and refuses the others). A checkpoint stored "
+        f"quantized ({', '.join(CHECKPOINT_QUANTIZE)}, fp8) is detected from its config; "
+        "--quantize must then name its method. GGUF models are served in their own quantized "
+        "types"
     )
 
 
 QUANTIZE_FLAG = Flag("--quantize", _quantize_help(), choices=QUANTIZE)
+QUANTIZE_ACTIVATIONS_FLAG = Flag(
+    "--quantize-activations",
+    "pytgi extension: the activations of the quantized kernels (also PYTGI_QUANT_ACTIVATIONS). "
+    "Default: each method as TGI computes it (eetq, bitsandbytes-nf4/fp4, fp8: full-precision "
+    "activations; bitsandbytes LLM.int8: int8 with outlier features; GGUF: int8 blocks, as "
+    "llama.cpp). int8: quantize activations per row and 32-wide block (faster, less exact; not "
+    "for nf4/fp4/fp8); fp32: exact products with the dequantized weights",
+    choices=("int8", "fp32"),
+)
 
 
 MODEL_FLAGS = [
@@ -78,8 +93,9 @@ MODEL_FLAGS = [
     ),
     Flag(
         "--model-gguf",
-        "The GGUF file to serve inside the --model-id directory or hub repo (needed when it "
-        "holds several; a path inside it, or an absolute path)",
+        "The GGUF file to serve, as TGI: its path (the tokenizer and chat template then come from "
+        "--model-id); or a file inside the --model-id directory or hub repo (when it holds "
+        "several)",
     ),
     Flag("--revision", "Hub revision: a branch, tag, commit sha or refs/pr/N"),
     Flag(
@@ -130,7 +146,13 @@ ENGINE_FLAGS = [
     Flag("--master-addr", "torch.distributed master address", default="127.0.0.1"),
     Flag("--master-port", "torch.distributed master port", int, 29500),
     QUANTIZE_FLAG,
-    Flag("--kv-cache-dtype", "KV cache dtype", choices=("fp8_e4m3fn", "fp8_e5m2")),
+    QUANTIZE_ACTIVATIONS_FLAG,
+    Flag(
+        "--kv-cache-dtype",
+        "KV cache storage dtype (default: the model dtype). TGI's fp8_e4m3fn (per-layer k/v "
+        "scales from the checkpoint, else 1.0) and fp8_e5m2, and pytgi's bfloat16 and float16",
+        choices=KV_CACHE_DTYPES,
+    ),  # fmt: skip
     Flag(
         "--cuda-graphs",
         "Decode batch sizes captured as CUDA graphs at warm-up (default 1,2,4,8,16,32; 0 = eager; "
@@ -149,6 +171,7 @@ ENGINE_FLAGS = [
     Flag("--rope-factor", "Override rope scaling factor", float),
 ]
 
+_IMAGES = ImageConfig()
 LIMIT_FLAGS = [
     Flag("--max-concurrent-requests", "Concurrent requests before 429", int, 128),
     Flag("--max-best-of", "Maximum best_of", int, 2),
@@ -159,6 +182,24 @@ LIMIT_FLAGS = [
     Flag("--max-total-tokens", "Maximum prompt + new tokens per request", int),
     Flag("--max-client-batch-size", "Maximum prompts in one /v1/completions call", int, 4),
     Flag("--payload-limit", "Maximum HTTP body in bytes", int, 2_000_000),
+    Flag(
+        "--max-image-fetch-size",
+        "Largest image accepted, in bytes, fetched or in a data URI (TGI: 1 GiB, router only)",
+        int,
+        _IMAGES.max_fetch_bytes,
+    ),  # fmt: skip
+    Flag("--image-fetch-timeout", "Seconds one image fetch may take", float, 10.0),
+    Flag(
+        "--max-image-pixels",
+        "Most pixels (width x height) a decoded image may have",
+        int,
+        _IMAGES.max_pixels,
+    ),  # fmt: skip
+    Flag(
+        "--allow-private-image-urls",
+        "Fetch image URLs that resolve to loopback, private or link-local addresses (pytgi only)",
+        switch=True,
+    ),  # fmt: skip
     Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
     Flag(
         "--waiting-served-ratio",
@@ -265,6 +306,13 @@ GRAMMAR_FLAGS = [
         _GRAMMAR.mask_threads,
     ),  # fmt: skip
     Flag("--grammar-cache-size", "Compiled grammars kept", int, _GRAMMAR.cache_size),
+    Flag(
+        "--grammar-cache-bytes",
+        "Estimated memory of the compiled grammars kept (the least recently used go first); on "
+        "CPU it is taken from the KV cache's memory budget at start-up",
+        int,
+        _GRAMMAR.cache_bytes,
+    ),
 ]
 
 SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS

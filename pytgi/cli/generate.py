@@ -6,7 +6,12 @@ import argparse
 import sys
 from functools import partial
 
-from pytgi.cli.flags import MODEL_FLAGS, QUANTIZE_FLAG, Flag, add_flags
+from pytgi.cli.flags import (
+    MODEL_FLAGS,
+    QUANTIZE_FLAG,
+    Flag,
+    add_flags,
+)
 
 GENERATE_FLAGS = [
     Flag("--max-new-tokens", "Tokens to generate", int, 64),
@@ -64,7 +69,7 @@ def run_generate(args: argparse.Namespace) -> int:
     try:
         params = sampling_params(args)
         model = model_config(args)
-        check_quantize(model.quantize, model.dtype)
+        check_quantize(model.quantize, model.dtype, activations=model.quantize_activations)
         checks = {
             "implementation": model.implementation,
             "trust_remote_code": model.trust_remote_code,

@@ -77,12 +77,14 @@ def start_engine_and_router(args: argparse.Namespace):
     resolved = replace(model, model_id=str(model_dir), gguf_file=None)
     engine_cfg = replace(engine_cfg, model=resolved)
     tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
+    images = _image_pipeline(model_dir, tokenizer, configs.image_config(args))  # before the engine
     start = time.perf_counter()
     engine = MultiprocEngineClient.start(engine_cfg, build_engine_core, json_logs=args.json_output)
     cache = engine.cache_info
     logger.info(
-        "Engine ready in %.2fs: %d KV blocks of %d tokens, dtype %s on %s",
-        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.dtype, cache.device,
+        "Engine ready in %.2fs: %d KV blocks of %d tokens (%s cache), dtype %s on %s",
+        time.perf_counter() - start, cache.num_blocks, cache.block_size, cache.kv_cache_dtype,
+        cache.dtype, cache.device,
     )  # fmt: skip
     try:
         limits = configs.limits_config(args, cache, tokenizer.model_max_length)
@@ -99,8 +101,25 @@ def start_engine_and_router(args: argparse.Namespace):
         disable_grammar_support=args.disable_grammar_support,
         engine_supports_grammar=cache.supports_grammar,
         grammar_config=engine_cfg.grammar,
+        images=images,
     )
     return engine, infer, server_cfg, plan
+
+
+def _image_pipeline(model_dir, tokenizer, image_config):
+    """A vision-language model's image pipeline (None for a text model, whose markdown images
+    stay text as in TGI). Only then does this process import transformers' image processors
+    (and torch, which they import)."""
+    from pytgi.models.config import read_model_type
+    from pytgi.router.images.processors import is_vision_model_type
+
+    if not is_vision_model_type(read_model_type(model_dir)):
+        return None
+    from pytgi.router.images.pipeline import ImagePipeline
+
+    pipeline = ImagePipeline.for_model(model_dir, tokenizer.backend.token_to_id, image_config)
+    logger.info("Multimodal model: images in prompts are processed by its image processor")
+    return pipeline
 
 
 async def run_http(app, server_cfg, engine, sock) -> int:

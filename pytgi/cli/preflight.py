@@ -31,6 +31,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.layers.quantization.detect import (
+    check_checkpoint_quant,
+    check_quantize_needs_checkpoint,
+    read_checkpoint_quant,
+)
 from pytgi.models.gguf.prepared import describe_types, read_marker
 from pytgi.models.registry import NATIVE, TRANSFORMERS, resolve_architecture
 from pytgi.models.weights import find_weight_files
@@ -95,7 +100,7 @@ def check_model_dir(
     gguf = read_marker(model_dir)
     if gguf is None:
         find_weight_files(Path(model_dir), allow_pickle_weights)
-        return replace(plan, quantize=quantize)
+        return replace(plan, quantize=checkpoint_quantization(Path(model_dir), quantize))
     if quantize is not None:
         raise ConfigError(
             f"--quantize {quantize} cannot re-quantize a GGUF model: its weights are served in "
@@ -104,6 +109,16 @@ def check_model_dir(
     if plan.implementation != NATIVE:
         raise ModelLoadError("GGUF models run on pytgi's native implementation only")
     return replace(plan, quantize="gguf", weight_types=describe_types(gguf["tensor_types"]))
+
+
+def checkpoint_quantization(model_dir: Path, quantize: str | None) -> str | None:
+    """The method the weights are served with: the checkpoint's own (refused in one line when
+    pytgi cannot serve it or `--quantize` names another), else `--quantize`'s."""
+    quant = read_checkpoint_quant(model_dir)
+    if quant is None:
+        check_quantize_needs_checkpoint(quantize)
+        return quantize
+    return check_checkpoint_quant(quant, quantize)
 
 
 def check_model_config(
@@ -160,7 +175,7 @@ def check_fallback_config(config: dict, architecture: str, num_shard: int) -> No
     served = f"{architecture} runs on the transformers fallback, which"
     if num_shard > 1:
         raise ModelLoadError(f"{served} does not shard: use --num-shard 1 (got {num_shard})")
-    quantization = config.get("quantization_config")
+    quantization = config.get("quantization_config") or config.get("compression_config")
     if quantization:
         method = quantization.get("quant_method") if isinstance(quantization, dict) else None
         raise ModelLoadError(f"{served} does not run quantized checkpoints ({method or 'yes'})")

@@ -40,7 +40,10 @@ class EngineCore:
         self.grammar = grammar
         self.cache_info = replace(cache_info, supports_grammar=grammar is not None)
         kv = KVCacheManager(
-            cache_info.num_blocks, cache_info.block_size, config.cache.enable_prefix_caching
+            cache_info.num_blocks,
+            cache_info.block_size,
+            config.cache.enable_prefix_caching,
+            cache_info.sliding_window,
         )
         self.scheduler = Scheduler(config.scheduler, kv, grammar)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)

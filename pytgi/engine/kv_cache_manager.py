@@ -4,7 +4,17 @@ tokens.
 Invariant: a request owning `len(blocks)` blocks can hold `len(blocks) * block_size` tokens; the
 first `num_computed_tokens` of its tokens are in those blocks. Full blocks of computed tokens are
 published to the prefix cache (prompt and generated tokens alike, so a multi-turn conversation hits
-its own history).
+its own history). A block holding image placeholder tokens is keyed by the images' content hashes
+too, so two prompts with the same text and different images never share it.
+
+Sliding windows: when every attention layer has one (`sliding_window` = the largest), a query at
+position p reads only keys p - W < pos <= p, so once a request has computed n tokens no later
+query reads positions below n - W + 1: its blocks wholly below that go back to the pool
+(`free_out_of_window`), and a placeholder (`NULL_BLOCK`, never read) keeps its table's positions.
+A freed block keeps its prefix-cache entry until the pool hands it out again (which evicts the
+hash), so a later prefix hit reads only blocks whose contents are intact; a hit is a run of blocks
+from the sequence's start, so once an early block is evicted nothing past it matches and the
+prompt is recomputed from there.
 """
 
 from __future__ import annotations
@@ -13,10 +23,19 @@ from pytgi.engine.block_pool import Block, BlockHash, BlockPool, hash_block
 from pytgi.engine.request import Request
 from pytgi.utils.math import cdiv
 
+NULL_BLOCK = Block(block_id=0)  # a freed out-of-window position: never read, never freed
+
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ):
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
@@ -94,12 +113,29 @@ class KVCacheManager:
             return
         hashes = self._full_block_hashes(request)
         for block, block_hash in zip(blocks[first:num_full], hashes[first:num_full], strict=True):
-            self.pool.cache_block(block, block_hash)
+            if block is not NULL_BLOCK:
+                self.pool.cache_block(block, block_hash)
         self._num_published[rid] = num_full
+
+    def free_out_of_window(self, request: Request) -> int:
+        """Return the request's blocks that no later query can read (every layer windowed);
+        the number freed."""
+        if self.sliding_window is None:
+            return 0
+        blocks = self._blocks.get(request.request_id, [])
+        first_needed = request.num_computed_tokens - self.sliding_window + 1  # a position
+        num_gone = min(max(0, first_needed) // self.block_size, len(blocks))
+        freed = [b for b in blocks[:num_gone] if b is not NULL_BLOCK]
+        self.pool.free(freed)
+        blocks[:num_gone] = [NULL_BLOCK] * num_gone
+        return len(freed)
+
+    def num_held_blocks(self, request_id: str) -> int:
+        return sum(1 for b in self._blocks.get(request_id, ()) if b is not NULL_BLOCK)
 
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, [])
-        self.pool.free(reversed(blocks))
+        self.pool.free(b for b in reversed(blocks) if b is not NULL_BLOCK)
         self._hashes.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)
 
@@ -112,5 +148,15 @@ class KVCacheManager:
         bs = self.block_size
         for i in range(len(hashes), num_full):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tuple(request.token_ids(i * bs, (i + 1) * bs))))
+            tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
+            images = _images_in(request, i * bs, (i + 1) * bs)
+            hashes.append(hash_block(parent, tokens + images if images else tokens))
         return hashes
+
+
+def _images_in(request: Request, start: int, end: int) -> tuple[str, ...]:
+    """Content hashes of the images whose placeholder tokens overlap [start, end): a block's K/V
+    depends on them, while its token ids (the placeholders) are the same for every image."""
+    return tuple(
+        mm.content_hash for mm in request.multimodal_inputs if mm.offset < end and mm.end > start
+    )

@@ -248,6 +248,7 @@ class Scheduler:
             request.num_computed_tokens += scheduled.num_tokens + num_accepted
             request.draft_ids = []
             self.kv.cache_computed_blocks(request)
+            self.kv.free_out_of_window(request)
             logprobs = model_output.prefill_logprobs.get(scheduled.request_id)
             if logprobs is not None:
                 self._gather_prompt_logprobs(request, scheduled.start_pos, logprobs)

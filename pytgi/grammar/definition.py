@@ -50,7 +50,10 @@ def parser_limits(config: GrammarConfig) -> llguidance.LLParserLimits:
 
 def grammar_definition(spec: GrammarSpec, config: GrammarConfig) -> str:
     """The llguidance grammar (its JSON form) for `spec`; raises GrammarError."""
-    size = len(spec.value.encode("utf-8"))
+    try:
+        size = len(spec.value.encode("utf-8"))
+    except UnicodeEncodeError:  # the HTTP routes refuse these bodies; the offline API may not
+        raise GrammarError("the grammar holds a lone UTF-16 surrogate (not valid UTF-8)") from None
     if size > config.max_grammar_bytes:
         raise GrammarError(
             f"the grammar is {size} bytes long, more than the limit of {config.max_grammar_bytes}"

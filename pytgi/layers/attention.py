@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from pytgi.backends.base import AttentionParams, KVCacheSpec, kv_cache_spec
+from pytgi.backends.base import AttentionParams, KVCacheSpec, KVScales, kv_cache_spec
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.forward_context import get_forward_context
 
@@ -44,6 +44,7 @@ class Attention(nn.Module):
             sliding_window=sliding_window,
             logits_soft_cap=logits_soft_cap,
             alibi_slopes=alibi_slopes,
+            kv_cache_dtype=context.kv_cache_dtype,
         )
         self.impl = context.attention_backend().make_impl(self.params)
         self._kv_cache_spec = kv_cache_spec(self.params, context.dtype)
@@ -70,6 +71,9 @@ class Attention(nn.Module):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         return self._kv_cache_spec
+
+    def set_kv_scales(self, scales: KVScales) -> None:
+        self.impl.set_kv_scales(scales)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k [T, KVH, D], v [T, KVH, Dv] -> [T, H, Dv]."""

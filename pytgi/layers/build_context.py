@@ -27,6 +27,7 @@ class BuildContext:
     kernels: Any | None = None  # the platform's compiled kernels for this dtype; None: reference
     attention: AttentionBackend | None = None  # None: the CPU backend on the reference path
     dtype: torch.dtype = torch.float32
+    kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
     max_model_len: int | None = None  # positions the model must serve (rotary tables)
     tp: TPInfo = TPInfo(rank=0, world_size=1)  # this rank's place in the tensor-parallel group
     # the platform's quantized products; None: the CPU ones on `kernels` (the best kernel table)

@@ -8,7 +8,8 @@ further, e.g. past max_position_embeddings with dynamic NTK). Its forward maps t
 positions to (cos, sin) once per step; every attention layer then rotates q and k with its
 `ApplyRotary`. The inverse frequencies of each variant (`ROPE_SCALINGS`: default, linear,
 dynamic, yarn, llama3, longrope) follow the published formulas and are checked against
-transformers' `ROPE_INIT_FUNCTIONS`.
+transformers' `ROPE_INIT_FUNCTIONS`; `freq_factors` divides the default frequencies by the
+per-pair factors a GGUF file carries as its `rope_freqs` tensor, as llama.cpp does.
 
 Dynamic NTK in a paged server: a token's rotation depends only on its own position p, using the
 frequencies transformers would use for a sequence of length max(p + 1, max_position_embeddings).
@@ -117,6 +118,18 @@ def _longrope(dim, base, max_position, scaling, long: bool = False):
     return 1.0 / (factors * base**exponents), float(attn_factor)
 
 
+def _freq_factors(dim, base, max_position, scaling):
+    """llama.cpp's `rope_freqs` tensor (GGUF files of Llama 3.1-3.3): each pair's frequency
+    divided by its factor, at every position (llama.cpp's own arithmetic; the file's factors are
+    the llama3 scaling its converter computed from the HF config)."""
+    factors = torch.tensor(scaling["freq_factors"], dtype=torch.float32)  # [dim/2]
+    if factors.shape != (dim // 2,):
+        raise ModelLoadError(
+            f"rope frequency factors: {factors.numel()} values for {dim // 2} rotary pairs"
+        )
+    return default_inv_freq(dim, base) / factors, 1.0
+
+
 ROPE_SCALINGS = {
     "default": lambda dim, base, max_position, scaling: (default_inv_freq(dim, base), 1.0),
     "linear": _linear,
@@ -124,6 +137,7 @@ ROPE_SCALINGS = {
     "llama3": _llama3,
     "yarn": _yarn,
     "longrope": _longrope,
+    "freq_factors": _freq_factors,  # pytgi's name: a GGUF file's rope_freqs tensor
 }
 
 
@@ -258,3 +272,31 @@ def get_rope(
     assert rotary_dim <= head_dim and rotary_dim % 2 == 0, (rotary_dim, head_dim)
     num_positions = current_build_context().max_model_len
     return RotaryEmbedding(rotary_dim, base, max_position, scaling, num_positions, interleaved)
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Qwen2-VL's multimodal rotary (M-RoPE): the rotary frequencies are split into three
+    sections (`mrope_section`, summing to rotary_dim / 2) rotated by a temporal, a height and a
+    width position. positions [3, T] -> (cos, sin) [T, 1, rotary_dim]: each feature takes its
+    section's position row. A text token has the same position in all three rows, which is
+    plain RoPE, so a [T] positions tensor is served as such."""
+
+    def __init__(self, *args, mrope_section: tuple[int, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        half = self.rotary_dim // 2
+        if sum(mrope_section) != half or len(mrope_section) != 3:
+            raise ModelLoadError(
+                f"mrope_section {list(mrope_section)} must be 3 sections summing to {half}"
+            )
+        sections = torch.repeat_interleave(torch.arange(3), torch.tensor(mrope_section))  # [d/2]
+        self.section_of_feature = torch.cat([sections, sections]).tolist()  # [rotary_dim]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        if positions.dim() == 1:
+            return super().forward(positions, dtype)
+        section = torch.tensor(self.section_of_feature, device=positions.device)  # [rd]
+        # gather per feature: the row of table[positions[section[j]], j]
+        rows = positions[section].t()  # [T, rd]: the position each feature of a token rotates by
+        cos = self.cos_table.gather(0, rows).to(dtype).unsqueeze(1)  # [T, 1, rd]
+        sin = self.sin_table.gather(0, rows).to(dtype).unsqueeze(1)
+        return cos, sin

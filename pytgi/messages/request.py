@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 
@@ -24,13 +26,21 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True)
 class MultimodalInput:
-    """A non-text input placed in the prompt: `length` placeholder tokens from `offset` stand for
-    it. Carried to the workers for models that encode it (none of pytgi's text models do yet)."""
+    """A non-text input placed in the prompt: the `length` placeholder tokens from `offset` stand
+    for it, and the model's embeddings of it replace theirs. `features` are what the model's image
+    processor made of it (name -> numpy array, e.g. pixel_values, image_grid_thw), computed in the
+    API process; `content_hash` (of the encoded image bytes) keys the prefix cache and the
+    workers' encoder cache, so two different images never share either."""
 
     modality: str  # e.g. "image"
     offset: int
     length: int
-    data: bytes = b""
+    content_hash: str = ""
+    features: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
 
 
 @dataclass

@@ -5,6 +5,10 @@ model's declarations (`models.base.CausalLM`): ignored names, renames, transpose
 packed q/k/v and gate/up shards. Every parameter's own `weight_loader` checks shapes and takes its
 TP shard. Unknown tensors, missing tensors (named as the checkpoint would name them: the missing
 shard or expert included) and shape mismatches are `ModelLoadError`s.
+
+KV-cache scales (`<attention module>.k_scale` / `.v_scale`, or the legacy shared `.kv_scale`:
+scalars, as TGI reads them) are no parameters: they go to the attention layer under that module
+(`Attention.set_kv_scales`); one that names no attention layer is an unexpected tensor.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ import logging
 import re
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVScales
 from pytgi.config import ModelConfig
 from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
@@ -28,6 +34,9 @@ from pytgi.models.config import ModelSpec, has_remote_causal_lm, load_hf_config
 from pytgi.models.registry import get_model_class, resolve_architecture
 
 logger = logging.getLogger(__name__)
+
+
+KV_SCALE_NAME = re.compile(r"^(?P<module>.+)\.(?P<which>k_scale|v_scale|kv_scale)$")
 
 
 def default_weight_loader(param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
@@ -103,6 +112,8 @@ def check_checkpoint_names(model: CausalLM, names: Iterable[str]) -> None:
     mapper = WeightMapper(model)
     found = set()
     for name in names:
+        if KV_SCALE_NAME.match(name):
+            continue  # checked when the scales are applied
         target = mapper.target(name)
         if target is not None:
             _check_known(params, target, name)
@@ -114,19 +125,68 @@ def load_weights(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -
     params = dict(model.named_parameters())
     mapper = WeightMapper(model)
     loaded: set[tuple] = set()
+    kv_scales: dict[str, dict[str, float]] = {}  # attention module -> {k_scale, v_scale, kv_scale}
     for name, tensor in weights:
+        if (scale := KV_SCALE_NAME.match(name)) is not None:
+            kv_scales.setdefault(scale["module"], {})[scale["which"]] = _scalar(tensor, name)
+            continue
         target = mapper.target(name)
         if target is None:
             continue
         param = _check_known(params, target, name)
-        _load_one(param, tensor.t() if target.transpose else tensor, target, name)
+        # a quantized piece is already [out, in], whatever the checkpoint's float layout
+        transpose = target.transpose and isinstance(tensor, torch.Tensor)
+        _load_one(param, tensor.t() if transpose else tensor, target, name)
         loaded.add(target.key)
     _check_complete(mapper, loaded)
+    _apply_kv_scales(model, mapper, kv_scales)
     for module in model.modules():  # repacking for the kernels, once every tensor is in
         if hasattr(module, "quant_method"):
             module.quant_method.process_weights_after_loading(module)
         elif hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
+
+
+def _scalar(tensor: torch.Tensor, name: str) -> float:
+    if tensor.numel() != 1:
+        raise ModelLoadError(f"KV cache scale '{name}' must be a scalar, got {tuple(tensor.shape)}")
+    return float(tensor.float().reshape(()))
+
+
+def _apply_kv_scales(model: CausalLM, mapper: WeightMapper, found: dict[str, dict]) -> None:
+    """Each attention module's scales to the Attention layer at or under it (after the model's
+    renames): k_scale and v_scale together, else kv_scale for both (TGI's order), else 1.0."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    for module, scales in found.items():
+        renamed = module + ".k_scale"
+        for pattern, replacement in mapper.renames:
+            renamed = pattern.sub(replacement, renamed)
+        prefix = renamed.removesuffix(".k_scale")
+        owners = [
+            a for a in layers if a.layer_name == prefix or a.layer_name.startswith(prefix + ".")
+        ]
+        if len(owners) != 1:
+            raise ModelLoadError(
+                f"unexpected tensor '{module}.{next(iter(scales))}' in the checkpoint"
+            )
+        if "k_scale" in scales and "v_scale" in scales:
+            owners[0].set_kv_scales(KVScales(scales["k_scale"], scales["v_scale"]))
+        elif "kv_scale" in scales:
+            owners[0].set_kv_scales(KVScales(scales["kv_scale"], scales["kv_scale"]))
+
+
+def checkpoint_kv_cache_dtype(hf_config) -> torch.dtype | None:
+    """The KV cache a compressed-tensors checkpoint asks for (`kv_cache_scheme`): an 8-bit float
+    scheme is fp8_e4m3fn, as in TGI; any other scheme is refused; None when it declares none."""
+    scheme = (getattr(hf_config, "quantization_config", None) or {}).get("kv_cache_scheme")
+    if not scheme:
+        return None
+    if scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+        return KV_CACHE_TORCH_DTYPES["fp8_e4m3fn"]
+    raise ModelLoadError(
+        f"the checkpoint's kv_cache_scheme ({scheme.get('type')}, {scheme.get('num_bits')} bits) "
+        "is not supported (pytgi runs an 8-bit float KV cache scheme only)"
+    )
 
 
 def _check_known(params: dict, target: Target, name: str):
@@ -168,17 +228,16 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _quant_config(model_config: ModelConfig, hf_config, dtype: torch.dtype):
-    checkpoint = (getattr(hf_config, "quantization_config", None) or {}).get("quant_method")
-    if not (model_config.quantize or checkpoint):
+def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
+    if not model_config.quantize:
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
 
     return resolve_quant_config(
         model_config.quantize,
-        checkpoint,
+        None,
         dtype,
-        activations=model_config.quant_activations,
+        model_config.quantize_activations,
         quantize_lm_head=model_config.quantize_lm_head,
     )
 
@@ -193,6 +252,7 @@ class _Checkpoint:
         self.model_config, self.model_dir = model_config, model_dir
         self.gguf_path = gguf_source(model_dir)
         self.gguf = None
+        self.prequantized = None  # PrequantizedTensors of a GPTQ / AWQ / ... checkpoint
         self.files: list[Path] = []
         if self.gguf_path is not None:
             from pytgi.models.gguf.checkpoint import GGUFCheckpoint
@@ -205,27 +265,55 @@ class _Checkpoint:
 
     def quant_config(self, hf_config, dtype: torch.dtype, model_class: type[CausalLM]):
         if self.gguf is None:
-            return _quant_config(self.model_config, hf_config, dtype)
+            return self._prequantized_config(dtype, model_class) or _quant_config(
+                self.model_config, dtype
+            )
         from pytgi.layers.quantization.gguf import GGUFQuantConfig
         from pytgi.layers.quantization.registry import activation_policy, check_gguf_options
 
         check_gguf_options(self.model_config.quantize, dtype)
         types = self.gguf.hf_tensor_types()
-        policy = activation_policy(self.model_config.quant_activations)
+        policy = activation_policy("gguf", self.model_config.quantize_activations)
         return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
-    def names(self) -> list[str]:
-        if self.gguf is not None:
-            return list(self.gguf.hf_tensor_types())
+    def _prequantized_config(self, dtype: torch.dtype, model_class: type[CausalLM]):
+        """The quant config of a checkpoint stored quantized (config.json's
+        quantization_config, quantize_config.json, quant_config.json), else None."""
+        from pytgi.layers.quantization.detect import read_checkpoint_quant
+
+        quant = read_checkpoint_quant(self.model_dir)
+        if quant is None:
+            return None
+        from pytgi.layers.quantization.prequantized import prequantized_setup
+        from pytgi.layers.quantization.registry import check_prequantized_options
+
+        policy = check_prequantized_options(
+            quant, self.model_config.quantize, dtype, self.model_config.quantize_activations
+        )
+        self.prequantized, config = prequantized_setup(
+            quant, self._file_names(), model_class, policy
+        )
+        return config
+
+    def _file_names(self) -> list[str]:
         from pytgi.models.weights import tensor_names
 
         return tensor_names(self.files)
+
+    def names(self) -> list[str]:
+        if self.prequantized is not None:
+            return self.prequantized.names()
+        if self.gguf is not None:
+            return list(self.gguf.hf_tensor_types())
+        return self._file_names()
 
     def tensors(self) -> Iterable[tuple[str, Any]]:
         if self.gguf is not None:
             return self.gguf.iter_weights()
         from pytgi.models.weights import iter_files
 
+        if self.prequantized is not None:
+            return self.prequantized.tensors(iter_files(self.files))
         return iter_files(self.files)
 
     @property
@@ -250,6 +338,8 @@ def build_model(
     )
     model_class = get_model_class(entry)
     spec = model_class.spec_from_hf(hf_config, architecture, entry.flags)
+    if context.kv_cache_dtype is None:
+        context = replace(context, kv_cache_dtype=checkpoint_kv_cache_dtype(hf_config))
     dtype = context.dtype
     checkpoint = _Checkpoint(model_config, model_dir)
     quant_config = checkpoint.quant_config(hf_config, dtype, model_class)

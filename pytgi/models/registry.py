@@ -53,6 +53,15 @@ _MODELS: dict[str, ModelEntry] = {
     "GPTJForCausalLM": ModelEntry("gptj", "GPTJForCausalLM"),
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
+    # vision-language models (models/multimodal.py)
+    "Qwen2VLForConditionalGeneration": ModelEntry("qwen2_vl", "Qwen2VLForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ModelEntry(
+        "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
+    ),
+    "Idefics3ForConditionalGeneration": ModelEntry("idefics3", "Idefics3ForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ModelEntry(
+        "llava_next", "LlavaNextForConditionalGeneration"
+    ),
 }
 
 

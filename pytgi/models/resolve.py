@@ -3,7 +3,10 @@
 A GGUF model (a .gguf file, or a directory or hub repo holding one; models/gguf/files.py decides)
 becomes its prepared directory in pytgi's cache (config and tokenizer from the file's metadata,
 models/gguf/prepared.py), which the loader recognises; anything else is a checkpoint directory,
-local or a hub snapshot (utils/hub.py). Torch-free: the launcher calls it.
+local or a hub snapshot (utils/hub.py). In TGI's form (`--model-id MODEL --model-gguf FILE`) the
+tokenizer and chat template come from MODEL when it has a `tokenizer.json`, as in TGI: the
+prepared directory gets MODEL's tokenizer files in place of the ones read from the GGUF file.
+Torch-free: the launcher calls it.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pytgi.config import ModelConfig
-from pytgi.models.gguf.files import find_gguf_file
-from pytgi.models.gguf.prepared import prepared_dir
+from pytgi.models.gguf.files import find_gguf_file, tgi_form_file
+from pytgi.models.gguf.prepared import TOKENIZER_FILES, prepared_dir, with_tokenizer
+from pytgi.utils import hub
 from pytgi.utils.hub import resolve_model_dir
 
 
@@ -24,6 +28,21 @@ def resolve_model(model: ModelConfig, check_config: Callable[[Path], object] | N
     if gguf_file is None:
         return resolve_model_dir(model, check_config=check_config)
     directory = prepared_dir(gguf_file, model.cache_dir)
+    if tgi_form_file(model, model.gguf_file) is not None:
+        tokenizer_dir = _tokenizer_dir(model)
+        if tokenizer_dir is not None:
+            directory = with_tokenizer(directory, tokenizer_dir)
     if check_config is not None:
         check_config(directory)
     return directory
+
+
+def _tokenizer_dir(model: ModelConfig) -> Path | None:
+    """The directory holding `--model-id`'s tokenizer.json (a local directory, or a snapshot of
+    the hub repo's tokenizer files only); None when the model has none."""
+    local = hub.local_model_dir(model.model_id)
+    if local is not None:
+        return local if (local / "tokenizer.json").is_file() else None
+    if "tokenizer.json" not in hub.list_repo_files(model):
+        return None
+    return resolve_model_dir(model, allow_patterns=list(TOKENIZER_FILES))

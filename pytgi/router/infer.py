@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
 from pytgi.engine.client import EngineClient
@@ -40,6 +40,9 @@ from pytgi.router.tools import parse_tool_call
 from pytgi.router.validation import Validator, ValidRequest
 from pytgi.tokenizer.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from pytgi.router.images.pipeline import ImagePipeline
+
 
 class Infer:
     """Validates, admits and runs generations on an `EngineClient`.
@@ -63,6 +66,7 @@ class Infer:
         disable_grammar_support: bool = False,
         engine_supports_grammar: bool = False,
         grammar_config: GrammarConfig | None = None,
+        images: ImagePipeline | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -76,6 +80,7 @@ class Infer:
             disable_grammar_support=disable_grammar_support,
             engine_supports_grammar=engine_supports_grammar,
             grammar_config=grammar_config,
+            images=images,
         )
         self.chat = ChatRenderer(tokenizer, grammar_enforced=self.validator.engine_supports_grammar)
         self._max_in_flight = limits.max_concurrent_requests

@@ -11,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
-from pytgi.messages.request import EngineRequest
+from pytgi.messages.request import EngineRequest, MultimodalInput
 from pytgi.messages.sampling_params import GrammarSpec, SamplingParams, StoppingParams
 from pytgi.router.errors import input_error
 from pytgi.router.grammar import NOT_SUPPORTED, compile_check, parse_grammar
+from pytgi.router.images.sources import has_markdown_image
 from pytgi.router.params import GenerateParameters
 from pytgi.tokenizer.tokenizer import Encoded, Tokenizer
+
+if TYPE_CHECKING:
+    from pytgi.router.images.pipeline import ImagePipeline
 
 # TGI schedules max_new_tokens in chunks of this size and validates only the first chunk (§3.2)
 MAX_NEW_TOKENS_CHUNK = 1024
@@ -39,6 +44,7 @@ class ValidRequest:
     decoder_input_details: bool = False
     return_full_text: bool = False
     adapter_id: str | None = None
+    multimodal_inputs: tuple[MultimodalInput, ...] = ()  # images, at their placeholder tokens
 
     @property
     def input_length(self) -> int:
@@ -53,7 +59,13 @@ class ValidRequest:
         sampling = self.sampling
         if seed is not None:
             sampling = replace(sampling, seed=seed)
-        return EngineRequest(request_id, list(self.prompt_ids), sampling, self.stopping)
+        return EngineRequest(
+            request_id,
+            list(self.prompt_ids),
+            sampling,
+            self.stopping,
+            multimodal_inputs=self.multimodal_inputs,
+        )
 
 
 class Validator:
@@ -69,8 +81,10 @@ class Validator:
         disable_grammar_support: bool = False,
         engine_supports_grammar: bool = False,
         grammar_config: GrammarConfig | None = None,
+        images: ImagePipeline | None = None,
     ):
         self.tokenizer = tokenizer
+        self.images = images  # a vision-language model's image pipeline; None: images are text
         self.limits = limits
         self.max_total_tokens = limits.max_total_tokens or cache_info.max_total_tokens
         self.max_input_tokens = limits.max_input_tokens or cache_info.max_input_tokens
@@ -106,9 +120,13 @@ class Validator:
         if inputs == "":
             raise input_error("`inputs` cannot be empty")
         truncate = self._check_truncate(params.truncate)
-        ids = await self.encode_prompt(
-            inputs, truncate, params.max_new_tokens, add_special_tokens=add_special_tokens
-        )
+        multimodal: tuple[MultimodalInput, ...] = ()
+        if self.images is not None and has_markdown_image(inputs):
+            ids, multimodal = await self._encode_with_images(inputs, truncate, add_special_tokens)
+        else:
+            ids = await self.encode_prompt(
+                inputs, truncate, params.max_new_tokens, add_special_tokens=add_special_tokens
+            )
         max_new_tokens = self._check_lengths(len(ids), params.max_new_tokens)
         grammar = await self._check_grammar(params)
         return ValidRequest(
@@ -121,7 +139,20 @@ class Validator:
             decoder_input_details=params.decoder_input_details,
             return_full_text=bool(params.return_full_text),
             adapter_id=params.adapter_id,
+            multimodal_inputs=multimodal,
         )
+
+    async def _encode_with_images(
+        self, inputs: str, truncate: int | None, add_special_tokens: bool
+    ) -> tuple[list[int], tuple[MultimodalInput, ...]]:
+        """The prompt the model's processor builds (each image's markdown replaced by its
+        placeholder tokens, counted in the prompt's length) and where each image sits; a
+        truncation that cuts an image is refused."""
+        text, images = await self.images.expand(inputs)
+        ids = (await _tokenize(self.tokenizer.encode, text, add_special_tokens)).ids
+        if truncate is not None and len(ids) > truncate:
+            ids = ids[-truncate:]
+        return ids, self.images.place(ids, images)
 
     def _sampling_params(self, p: GenerateParameters, best_of: int) -> SamplingParams:
         asked_sampling = p.do_sample or any(

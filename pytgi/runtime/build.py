@@ -49,6 +49,8 @@ def engine_config(
     allow_pickle_weights: bool = False,
     quantize: str | None = None,
     gguf_file: str | None = None,
+    quantize_activations: str | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
@@ -68,12 +70,14 @@ def engine_config(
             allow_pickle_weights=allow_pickle_weights,
             quantize=quantize,
             gguf_file=gguf_file,
-            **envs.model_fields(),
+            **{**envs.model_fields(), "quantize_activations": quantize_activations
+               or envs.quant_activations()},
         ),
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            kv_cache_dtype=kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=max_batch_prefill_tokens,

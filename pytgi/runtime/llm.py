@@ -52,9 +52,17 @@ class LLM:
         """Run every prompt to completion, batched continuously; results in prompt order."""
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
+        requests = [
+            self._request(prompt, sampling, max_new_tokens, ignore_eos)
+            for prompt, sampling in zip(prompt_list, params_list, strict=True)
+        ]
+        return self.run(requests)
+
+    def run(self, requests: list[EngineRequest]) -> list[GenerationOutput]:
+        """Run engine requests (e.g. with images: `EngineRequest.multimodal_inputs`) to
+        completion, batched continuously; results in request order."""
         results: dict[str, GenerationOutput] = {}
-        for prompt, sampling in zip(prompt_list, params_list, strict=True):
-            request = self._request(prompt, sampling, max_new_tokens, ignore_eos)
+        for request in requests:
             results[request.request_id] = GenerationOutput(request.request_id, request.prompt_ids)
             self.core.add_request(request)
         for delta in self._drain():

@@ -27,7 +27,12 @@ from pytgi.server import completions, openai_routes, sagemaker, tgi_routes, vert
 from pytgi.server.context import TGI_VERSION, ServerContext
 from pytgi.server.errors import install_error_handlers
 from pytgi.server.health import Health, HealthState
-from pytgi.server.middleware import ApiKeyMiddleware, BodyLimitMiddleware, GateMiddleware
+from pytgi.server.middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    CloseOn5xx,
+    GateMiddleware,
+)
 from pytgi.server.sse import DEFAULT_KEEP_ALIVE_S
 
 if TYPE_CHECKING:  # the router is only called through these methods
@@ -35,6 +40,13 @@ if TYPE_CHECKING:  # the router is only called through these methods
 
 OPENAPI_URL = "/api-doc/openapi.json"
 DOCS_ASSETS_URL = "/docs/assets"
+
+
+class _App(FastAPI):
+    """FastAPI with `CloseOn5xx` outside Starlette's error middleware (which sends the 500s)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return CloseOn5xx(super().build_middleware_stack())
 
 
 def create_app(
@@ -59,7 +71,7 @@ def create_app(
     )
     metrics.configure(ctx.max_input_tokens, ctx.max_total_tokens)
     metrics.tgi_batch_max_total_tokens.set(cache_info.max_batch_total_tokens)
-    app = FastAPI(
+    app = _App(
         title="Text Generation Inference",
         description="Text Generation Webserver",
         version=TGI_VERSION,

@@ -88,7 +88,9 @@ class ServerContext:
             kv_cache={
                 "num_blocks": cache.num_blocks,
                 "block_size": cache.block_size,
-                "dtype": cache.dtype,
+                "dtype": cache.kv_cache_dtype or cache.dtype,
+                "model_dtype": cache.dtype,
+                "bytes_per_token": cache.kv_bytes_per_token,
                 "device": cache.device,
             },
             **{k: self.model_info[k] for k in MODEL_KEYS if self.model_info.get(k)},

@@ -9,6 +9,10 @@ match), never on a URL rebuilt from the `Host` header (CVE-2026-48746).
   the server is not `ready`.
 - `BodyLimitMiddleware`: `--payload-limit`: 413 as soon as `Content-Length` or the bytes read so
   far (chunked bodies too) exceed the limit; the accepted body is replayed to the app.
+- `CloseOn5xx` (outermost, around Starlette's own error middleware): every 5xx response says
+  `Connection: close`. Starlette re-raises an unexpected exception after its 500 has been sent and
+  uvicorn then closes the connection; without the header a pooled keep-alive client would send its
+  next, unrelated request on a dead connection and get an empty reply.
 """
 
 from __future__ import annotations
@@ -136,3 +140,23 @@ def _replay(body: bytes, pending: Message | None, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+class CloseOn5xx:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 500:
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"
+                ]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)

@@ -12,7 +12,7 @@ sample and to report prompt logprobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,6 +30,10 @@ class ForwardInputs:
     attn: AttentionBatch
     logits_indices: torch.Tensor  # [S] int64, on the device: flat rows whose next token is chosen
     logprob_spans: list[tuple[int, int]]  # (first flat row, count): prompt-logprob rows
+    # rank 0 only (never sent to other ranks): each request's first flat row, and a
+    # vision-language model's input embeddings [T, hidden] with its images merged
+    flat_starts: dict[str, int] = field(default_factory=dict)
+    inputs_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -142,6 +146,7 @@ class InputBuilder:
             logprob_spans=[
                 (flat_start[r.request_id], len(r.target_ids)) for r in plan.logprob_requests
             ],
+            flat_starts=flat_start,
         )
         return inputs, plan
 

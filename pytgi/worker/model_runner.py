@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from pytgi.backends.base import KVCache, KVCacheSpec, Platform
+from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import TPInfo
 from pytgi.layers.attention import Attention
@@ -31,6 +31,7 @@ from pytgi.layers.rotary import RotaryEmbedding
 from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
+from pytgi.models.multimodal import is_multimodal
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
 from pytgi.worker.request_states import RequestStates
 from pytgi.worker.step_transport import send_step
@@ -62,6 +63,7 @@ class ModelRunner:
         self.kv_caches: dict[str, KVCache] = {}
         self.metadata_builder = None
         self.num_blocks = 0
+        self.multimodal = None  # a vision-language model's step helper (worker/multimodal.py)
         # the logprob of a prompt chunk's first token comes from the previous chunk's last row
         self._next_prompt_logprob: dict[str, float] = {}
 
@@ -76,6 +78,7 @@ class ModelRunner:
             kernels=self.platform.kernels_for(self.dtype),
             attention=self.attention,
             dtype=self.dtype,
+            kv_cache_dtype=KV_CACHE_TORCH_DTYPES.get(self.config.cache.kv_cache_dtype),
             max_model_len=self.config.model.max_model_len,
             tp=self.tp,
             quant_ops=self.platform.quant_ops(self.dtype),
@@ -87,11 +90,43 @@ class ModelRunner:
             if isinstance(m, Attention)
         }
         self.rotary_tables = [m for m in self.model.modules() if isinstance(m, RotaryEmbedding)]
-        self.accelerator = self.platform.decode_accelerator(self.model, self.dtype)
+        self.accelerator = self.platform.decode_accelerator(self.model, self.kv_cache_dtype)
+        if is_multimodal(self.model):
+            self._set_up_multimodal()
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
 
             self.sampler = Sampler(self.spec.vocab_size)
+
+    def _set_up_multimodal(self) -> None:
+        """Vision-language models run eagerly on one rank (their input embeddings are built on
+        rank 0, and the decode accelerators take token ids)."""
+        from pytgi.errors import ModelLoadError
+        from pytgi.worker.multimodal import MultimodalStep
+
+        if self.tp.world_size > 1:
+            raise ModelLoadError(
+                f"{self.spec.architecture} runs on one shard only (got --num-shard "
+                f"{self.tp.world_size})"
+            )
+        self.accelerator = None
+        self.multimodal = MultimodalStep(self.model)
+        logger.info("multimodal model: images are encoded by its vision tower")
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """The caches' storage dtype (every layer's: one --kv-cache-dtype for the model)."""
+        dtypes = {spec.dtype for spec in self.kv_specs.values()}
+        return dtypes.pop() if len(dtypes) == 1 else self.dtype
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window when every attention layer has one (the scheduler frees blocks
+        below it), else None."""
+        windows = [spec.sliding_window for spec in self.kv_specs.values()]
+        if not windows or None in windows:
+            return None
+        return max(windows)
 
     @property
     def bytes_per_block(self) -> int:
@@ -162,7 +197,8 @@ class ModelRunner:
         """KV blocks that fit in the memory left after weights and warm-up, within the cap."""
         cache = self.config.cache
         available = self.platform.available_memory_bytes()
-        budget = int(available * cache.memory_fraction)
+        grammars = self._grammar_cache_bytes()
+        budget = int(max(0, available - grammars) * cache.memory_fraction)
         cap = cache.max_kv_cache_bytes or self.platform.default_kv_cache_cap_bytes()
         if cap is not None:
             budget = min(budget, cap)
@@ -170,17 +206,25 @@ class ModelRunner:
             budget //= self.tp.world_size  # every rank's cache lives in the same memory
         num_blocks = budget // self.bytes_per_block
         logger.info(
-            "KV cache: %.2f GiB available x %.2f, cap %s -> %.2f GiB per rank = %d blocks of %d "
-            "tokens (%d bytes each)",
+            "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
+            "GiB per rank = %d blocks of %d tokens (%d bytes each, %s)",
             available / 2**30,
+            grammars / 2**30,
             cache.memory_fraction,
             f"{cap / 2**30:.2f} GiB" if cap else "none",
             budget / 2**30,
             num_blocks,
             self.block_size,
             self.bytes_per_block,
+            str(self.kv_cache_dtype).removeprefix("torch."),
         )
         return num_blocks
+
+    def _grammar_cache_bytes(self) -> int:
+        """The compiled-grammar cache's bound when it shares the KV cache's memory (host memory:
+        the engine process holds it), else 0."""
+        grammar = self.config.grammar
+        return grammar.cache_bytes if grammar is not None and self.device.type == "cpu" else 0
 
     # ---- steps --------------------------------------------------------------------------------
 
@@ -190,9 +234,12 @@ class ModelRunner:
         self.states.update(scheduler_output)
         for request_id in scheduler_output.freed_request_ids:
             self._next_prompt_logprob.pop(request_id, None)
+        if self.multimodal is not None:
+            self.multimodal.forget(scheduler_output.freed_request_ids)
         if scheduler_output.is_empty:
             return ModelOutput()
         inputs, plan = self.input_builder.build(scheduler_output, self.states)
+        self._add_multimodal(scheduler_output, inputs)
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
@@ -227,7 +274,23 @@ class ModelRunner:
         """Logits [num_sampled_rows, V] of a step, in request order (tests; rank 0)."""
         self.states.update(scheduler_output)
         inputs, _ = self.input_builder.build(scheduler_output, self.states)
+        self._add_multimodal(scheduler_output, inputs)
         return self.execute_inputs(inputs)[0]
+
+    def _add_multimodal(self, scheduler_output: SchedulerOutput, inputs: ForwardInputs) -> None:
+        """A vision-language model's step: image embeddings merged into the input embeddings,
+        M-RoPE positions [3, T] in place of the token indices."""
+        mm = self.multimodal
+        if mm is None:
+            return
+        slices = mm.slices(scheduler_output, self.states, inputs.flat_starts)
+        inputs.inputs_embeds = mm.embeddings(inputs.input_ids, slices)
+        if self.model.uses_mrope:
+            host = self.input_builder.buffers.host_tensor("positions", inputs.num_tokens)
+            table = mm.mrope_positions(
+                scheduler_output, self.states, inputs.flat_starts, host.numpy()
+            )
+            inputs.positions = torch.from_numpy(table).to(self.device)  # [3, T]
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
@@ -243,11 +306,17 @@ class ModelRunner:
         fused = None
         if accelerator is not None:
             fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
-        return self._forward_with(inputs.input_ids, inputs.positions, metadata, fused)
+        return self._forward_with(
+            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds
+        )
 
-    def _forward_with(self, input_ids, positions, metadata, fused=None) -> torch.Tensor:
+    def _forward_with(
+        self, input_ids, positions, metadata, fused=None, inputs_embeds=None
+    ) -> torch.Tensor:
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
         with forward_context(metadata, self.kv_caches, fused):
+            if inputs_embeds is not None:
+                return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
             return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:

@@ -102,6 +102,9 @@ class Worker:
             max_position_embeddings=max_position,
             dtype=str(self.runner.dtype).removeprefix("torch."),
             device=self.platform.name,
+            kv_cache_dtype=str(self.runner.kv_cache_dtype).removeprefix("torch."),
+            kv_bytes_per_token=self.runner.bytes_per_block // block_size,
+            sliding_window=self.runner.sliding_window,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
         )

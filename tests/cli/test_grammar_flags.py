@@ -31,6 +31,7 @@ def test_flags_and_env_twins(monkeypatch):
         "--grammar-mask-fuel", "8000",
         "--grammar-compile-threads", "3",
         "--grammar-cache-size", "7",
+        "--grammar-cache-bytes", "12345678",
     )  # fmt: skip
     assert configs.grammar_config(args) == GrammarConfig(
         compile_timeout_s=2.5,
@@ -42,6 +43,7 @@ def test_flags_and_env_twins(monkeypatch):
         compile_threads=3,
         mask_threads=2,
         cache_size=7,
+        cache_bytes=12345678,
     )
 
 
@@ -55,6 +57,7 @@ def test_disable_grammar_support_turns_the_engine_side_off():
     [
         (["--grammar-compile-timeout", "0"], "`grammar_compile_timeout` must be > 0"),
         (["--grammar-mask-threads", "0"], "`mask_threads` must be >= 1"),
+        (["--grammar-cache-bytes", "0"], "`cache_bytes` must be >= 1"),
     ],
 )
 def test_bad_limits_are_start_up_errors(flags, message, capsys):

@@ -174,3 +174,47 @@ def test_smollm2_answers_a_chat(smollm2_gguf, tmp_path):
         assert out.choices[0].message.content == "The capital of Germany is Berlin."
     finally:
         server.stop()
+
+
+def test_tgi_form_serves_the_gguf_with_the_model_id_tokenizer(tiny_gguf, tiny_llama_dir, tmp_path):
+    """`--model-id MODEL --model-gguf FILE` (TGI's llama.cpp backend): the weights of FILE, the
+    tokenizer and chat template of MODEL."""
+    import json
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "MODEL-ID TEMPLATE {{ messages[0]['content'] }}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    server = start(model, "--model-gguf", str(tiny_gguf[0]), log_dir=tmp_path)
+    try:
+        assert httpx.get(f"{server.url}/info").json()["quantize"] == "gguf"
+        messages = [{"role": "user", "content": "hi"}]
+        chat = httpx.post(f"{server.url}/chat_tokenize", json={"messages": messages}).json()
+        assert chat["templated_text"] == "MODEL-ID TEMPLATE hi"
+        assert served_greedy(server) == offline_greedy(str(tiny_gguf[0]))
+    finally:
+        server.stop()
+
+
+def test_llama32_gguf_from_llama_cpp_serves_transformers_tokens_past_1000(llama32_gguf, tmp_path):
+    """A Llama-3.2-shaped GGUF converted by llama.cpp (llama3 rope scaling as its rope_freqs
+    tensor), served: a 1,100-token prompt's greedy continuation is transformers' on the HF
+    checkpoint."""
+    from models.gguf.test_llama3_rope import NEW_TOKENS, transformers_greedy
+
+    path, model_dir = llama32_gguf
+    server = start(path, "--max-input-tokens", "2000", "--max-total-tokens", "2100",
+                   log_dir=tmp_path)  # fmt: skip
+    try:
+        text = " ".join(f"w{i % 97}x{i % 13}" for i in range(260))
+        ids = [t["id"] for t in httpx.post(f"{server.url}/tokenize", json={"inputs": text}).json()]
+        assert len(ids) > 1000
+        out = Client(server.url, timeout=120).generate(
+            text, max_new_tokens=NEW_TOKENS, decoder_input_details=False
+        )
+    finally:
+        server.stop()
+    expected, logprobs = transformers_greedy(model_dir, ids)
+    assert [t.id for t in out.details.tokens] == expected
+    assert [t.logprob for t in out.details.tokens] == pytest.approx(logprobs, abs=1e-3)

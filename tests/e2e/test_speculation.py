@@ -60,3 +60,40 @@ def test_stream_equals_and_drafts_are_accepted(speculating_server, pytgi_server_
         line for line in metrics.splitlines() if line.startswith("tgi_request_skipped_tokens_sum")
     ]
     assert skipped and float(skipped[0].split()[-1]) > 0
+
+
+async def generate_details(url: str, parameters: dict) -> list[list[tuple[int, float]]]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        bodies = [{"inputs": p, "parameters": {**parameters, "details": True}} for p in PROMPTS]
+        responses = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
+    return [[(t["id"], t["logprob"]) for t in r.json()["details"]["tokens"]] for r in responses]
+
+
+def test_a_quantized_model_speculates_without_changing_its_outputs(
+    demo_model_dir, tmp_path_factory
+):
+    """LLM.int8 (int8 activations with per-row outliers) with and without --speculate 4, greedy
+    and seeded, several requests at once: the same tokens and log-probabilities."""
+    flags = ("--quantize", "bitsandbytes", "--dtype", "float32")
+    outputs = []
+    for extra in ((), ("--speculate", "4")):
+        log = tmp_path_factory.mktemp("quantized-speculate") / "server.log"
+        server = ServerProcess(demo_model_dir, *flags, *extra, log_path=log)
+        try:
+            server.wait_healthy(timeout_s=300)
+            outputs.append([
+                asyncio.run(generate_details(server.url, parameters))
+                for parameters in (
+                    {"max_new_tokens": 40},
+                    {"max_new_tokens": 40, "do_sample": True, "temperature": 0.8, "seed": 5},
+                )
+            ])  # fmt: skip
+            if extra:
+                metrics = httpx.get(f"{server.url}/metrics").text
+        finally:
+            server.stop()
+    assert outputs[1] == outputs[0]
+    skipped = [
+        line for line in metrics.splitlines() if line.startswith("tgi_request_skipped_tokens_sum")
+    ]
+    assert skipped and float(skipped[0].split()[-1]) > 0  # drafts were accepted

@@ -54,18 +54,36 @@ def check_batch_invariance(model_id: str, prompts, fused: bool, **options) -> No
         llm.close()
 
 
-# method -> whether decode steps run on the fused stack: it takes int8-activation kernels;
-# LLM.int8's fp32 outlier columns and fp8's fp32 activations stay on the layer-by-layer path
-FUSED = {"eetq": True, "bitsandbytes-nf4": True, "bitsandbytes": False, "fp8": False}
+# (method, --quantize-activations, whether decode steps run on the fused stack): it takes
+# int8-activation kernels only; LLM.int8's fp32 outlier features and every fp32-activation method
+# (TGI's default for eetq, NF4 / FP4, fp8) stay on the layer-by-layer path
+CASES = [
+    ("eetq", None, False),
+    ("eetq", "int8", True),
+    ("bitsandbytes-nf4", None, False),
+    ("bitsandbytes", None, False),
+    ("fp8", None, False),
+]
 
 
-@pytest.mark.parametrize("method", sorted(FUSED))
-def test_on_the_fly_methods_are_batch_invariant(method, tiny_model_factory, prompts):
+@pytest.mark.parametrize(("method", "acts", "fused"), CASES)
+def test_on_the_fly_methods_are_batch_invariant(method, acts, fused, tiny_model_factory, prompts):
     model_dir = tiny_model_factory("llama")
-    check_batch_invariance(str(model_dir), prompts, FUSED[method], quantize=method)
+    options = {"quantize": method, "quantize_activations": acts}
+    check_batch_invariance(str(model_dir), prompts, fused, **options)
 
 
 def test_gguf_types_are_batch_invariant(mixed_gguf, prompts):
     """Every GGUF block type (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; a BF16 embedding
     and an F16 head) on their kernels."""
     check_batch_invariance(str(mixed_gguf[0]), prompts, fused=True)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8"])
+def test_prequantized_checkpoints_are_batch_invariant(fmt, tiny_llama_dir, tmp_path, prompts):
+    """A GPTQ act-order checkpoint (its input gather included) and a block-scaled FP8 one, on
+    the fp32-activation kernels (layer by layer: the fused stack takes int8 activations)."""
+    from fixtures.prequantized import build_checkpoint
+
+    build_checkpoint(tiny_llama_dir, tmp_path / fmt, fmt)
+    check_batch_invariance(str(tmp_path / fmt), prompts, fused=False)

@@ -38,6 +38,42 @@ def test_equal_specs_compile_once(compiler):
     assert first.matcher() is not first.matcher()  # each request gets its own state
 
 
+def test_the_cache_is_bounded_in_estimated_bytes(vocab):
+    """Distinct large schemas (each ~7 MB in memory on a real vocabulary) evict the least recently
+    used once their estimated bytes pass `cache_bytes`, whatever `cache_size` allows."""
+    from pytgi.grammar.compiler import estimated_bytes
+
+    def schema(i: int) -> GrammarSpec:
+        properties = {f"p{i}_{j}": {"type": "string", "maxLength": 5} for j in range(40)}
+        return GrammarSpec.json_schema({"type": "object", "properties": properties})
+
+    one = estimated_bytes(schema(0))
+    assert one > 1 << 20 and one >= 80 * len(schema(0).value)
+    compiler = GrammarCompiler(vocab, GrammarConfig(cache_size=1000, cache_bytes=3 * one + 10))
+    try:
+        first = compiler.compile(schema(0))
+        for i in range(1, 6):
+            compiler.compile(schema(i))
+            assert compiler.cached_bytes <= 3 * one + 10
+        assert compiler.num_cached == 3
+        assert compiler.cached_bytes == sum(estimated_bytes(schema(i)) for i in (3, 4, 5))
+        assert compiler.compile(schema(0)) is not first  # evicted: compiled again
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        GrammarSpec.regex("a\ud800"),
+        GrammarSpec.json_schema({"properties": {"\udfff": {"type": "string"}}}),
+    ],
+)
+def test_a_lone_surrogate_is_a_grammar_error_not_a_crash(spec):
+    with pytest.raises(GrammarError, match="lone UTF-16 surrogate"):
+        check_grammar(spec, CONFIG)
+
+
 def test_failures_are_cached_too(compiler):
     spec = GrammarSpec.json_schema({"type": "stsring"})
     with pytest.raises(GrammarError):

@@ -64,9 +64,15 @@ class Sequences:
         self.qkv[name] = (q, k, v)
 
 
-def run_step(backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=None):
-    """rows: (name, start, end). Runs them as one step and checks each row's output."""
+def run_step(
+    backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=None, kv_dtype=None, **kv
+):
+    """rows: (name, start, end). Runs them as one step and checks each row's output. With a
+    narrow `kv_dtype` the model is fp32 and `kv` has the layer's `scales` and the `tol` of the
+    comparison; the reference reads `seqs`' K/V as they are (round-trip them to compare exactly
+    with what the cache holds)."""
     d = seqs.head_dim
+    dtype = cache[0].dtype if kv_dtype is None else torch.float32
     out = SchedulerOutput(
         requests=[
             ScheduledRequest(name, start, end - start, new_block_ids=seqs.blocks[name])
@@ -81,7 +87,7 @@ def run_step(backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=
     inputs, _ = InputBuilder(BLOCK_SIZE).build(out, states)
     attn = inputs.attn
     starts = attn.query_start_loc.tolist()
-    q, k, v = (torch.empty(inputs.num_tokens, n, d, dtype=cache[0].dtype) for n in (H, KVH, KVH))
+    q, k, v = (torch.empty(inputs.num_tokens, n, d, dtype=dtype) for n in (H, KVH, KVH))
     order = sorted(range(len(rows)), key=lambda i: rows[i][2] - rows[i][1] > 1)
     for slot, i in enumerate(order):
         name, start, end = rows[i]
@@ -89,18 +95,28 @@ def run_step(backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=
         for dst, src in zip((q, k, v), seqs.qkv[name], strict=True):
             dst[offset : offset + end - start] = src[start:end]
     params = AttentionParams(
-        H, KVH, d, d**-0.5, sliding_window=window, logits_soft_cap=softcap, alibi_slopes=alibi
+        H,
+        KVH,
+        d,
+        d**-0.5,
+        sliding_window=window,
+        logits_soft_cap=softcap,
+        alibi_slopes=alibi,
+        kv_cache_dtype=kv_dtype,
     )
-    spec = kv_cache_spec(params, cache[0].dtype)
+    spec = kv_cache_spec(params, dtype)
     num_blocks = cache[0].shape[1] // BLOCK_SIZE
     metadata = backend.metadata_builder([spec], num_blocks, BLOCK_SIZE).build(attn)
-    out = backend.make_impl(params).forward(q, k, v, cache, metadata)
+    impl = backend.make_impl(params)
+    if "scales" in kv:
+        impl.set_kv_scales(kv["scales"])
+    out = impl.forward(q, k, v, cache, metadata)
     for slot, i in enumerate(order):
         name, start, end = rows[i]
         offset = starts[slot]
         sq, sk, sv = seqs.qkv[name]
         expected = reference(sq[start:end], sk[:end], sv[:end], start, window, softcap, alibi)
-        tol = 1e-5 if cache[0].dtype == torch.float32 else 3e-2
+        tol = kv.get("tol", 1e-5 if cache[0].dtype == torch.float32 else 3e-2)
         torch.testing.assert_close(
             out[offset : offset + end - start].float(),
             expected,

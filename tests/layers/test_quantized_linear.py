@@ -32,6 +32,7 @@ from pytgi.layers.quantization.quantizers import (
     quantize_q8_0,
 )
 from pytgi.layers.quantization.registry import (
+    INT8_POLICY,
     SUPPORTED_QUANTIZE,
     OnTheFlyQuantConfig,
     quant_config_for,
@@ -161,26 +162,62 @@ def test_prequantized_pieces_and_tensor_parallel_shards(as_rank, cpu_kernels):
         load(misaligned, quantize_q8_0(torch.randn(8, 96)))  # 48-wide shards of 32-blocks
 
 
-def test_llm_int8_outlier_columns_run_in_fp32(ops):
+def _llm_int8_layer(ops, w, name="bitsandbytes", policy=None):
     with build_context(BuildContext(kernels=ops)):
-        layer = RowParallelLinear(64, 24, quant_config=quant_config_for("bitsandbytes"))
-        other = RowParallelLinear(64, 24, quant_config=quant_config_for("eetq"))
-    w = torch.randn(24, 64) * 0.1
+        layer = RowParallelLinear(64, 24, quant_config=quant_config_for(name, policy))
     load(layer, w)
     finish(layer)
+    return layer
+
+
+def test_llm_int8_outliers_of_each_row_run_in_fp32(ops):
+    w = torch.randn(24, 64) * 0.1
+    layer = _llm_int8_layer(ops, w)
     x = torch.randn(3, 64)
-    x[1, 10], x[0, 33] = 9.0, -7.5  # two outlier columns (|x| >= 6)
+    x[1, 10], x[0, 33], x[0, 34] = 9.0, -7.5, 6.0  # each row's own outliers (|x| >= 6)
     dense = quantize_per_channel_int8(w).dequantize()
-    inliers = x.clone()
-    inliers[:, [10, 33]] = 0
-    expected = int8_acts_reference(inliers, layer.quant_packed)
-    expected += x[:, [10, 33]].double() @ dense[:, [10, 33]].double().t()
+    mask = x.abs() >= 6.0
+    expected = int8_acts_reference(x.masked_fill(mask, 0.0), layer.quant_packed)
+    expected += (x * mask).double() @ dense.double().t()  # row 2 has none: all int8
     y = layer(x).double()
     assert ((y - expected).abs().max() / expected.abs().max()) < 1e-5
-    load(other, w)  # eetq: no threshold, the outliers go through int8
-    finish(other)
+    other = _llm_int8_layer(ops, w, "eetq", INT8_POLICY)  # no threshold: outliers through int8
     exact = x.double() @ dense.double().t()
     assert (y - exact).abs().max() < (other(x).double() - exact).abs().max()
+
+
+def test_llm_int8_rows_do_not_depend_on_their_neighbours(ops):
+    """Planted outliers in other rows (bitsandbytes would take those features out of every row's
+    int8 product): each row's output is bit for bit its output alone."""
+    g = torch.Generator().manual_seed(5)
+    layer = _llm_int8_layer(ops, torch.randn(24, 64, generator=g) * 0.1)
+    x = torch.randn(6, 64, generator=g)
+    for row, col in [(0, 3), (1, 40), (2, 3), (2, 41), (4, 63)]:
+        x[row, col] = 8.0 * (1 if col % 2 else -1)
+    batch = layer(x)
+    for row in range(6):
+        assert torch.equal(batch[row], layer(x[row : row + 1])[0]), row
+        assert torch.equal(batch[row], layer(x[[row, (row + 1) % 6, (row + 3) % 6]])[0]), row
+
+
+def test_default_activations_are_tgis(ops):
+    """eetq and NF4 / FP4 are weight-only in TGI (exact products with the dequantised weights),
+    LLM.int8 quantizes its activations; int8 stays an opt-in where it keeps the format's values."""
+    from pytgi.layers.quantization.registry import activation_policy
+
+    assert activation_policy("eetq") == FP32_ACTIVATIONS
+    assert activation_policy("bitsandbytes-nf4") == FP32_ACTIVATIONS
+    assert activation_policy("bitsandbytes") == INT8_POLICY
+    assert activation_policy("gguf") == INT8_POLICY
+    assert activation_policy("eetq", "int8") == INT8_POLICY
+    assert activation_policy("bitsandbytes", "fp32") == FP32_ACTIVATIONS
+    with pytest.raises(ConfigError, match="not available with --quantize bitsandbytes-fp4"):
+        activation_policy("bitsandbytes-fp4", "int8")
+    w = torch.randn(24, 64) * 0.1
+    x = torch.randn(2, 64)
+    exact = x.double() @ quantize_per_channel_int8(w).dequantize().double().t()
+    eetq = _llm_int8_layer(ops, w, "eetq")
+    assert ((eetq(x).double() - exact).abs().max() / exact.abs().max()) < 1e-6
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -15,6 +15,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 from pytgi.layers.quantization.quantizers import (
     code_table,
+    dynamic_map,
     quantize_codebook,
     quantize_fp8,
     quantize_per_channel_int8,
@@ -56,19 +57,30 @@ def test_llm_int8_matches_bitsandbytes():
     assert ours.per_channel and ours.block_size == w.shape[1]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
-def test_4bit_codebooks_match_bitsandbytes(quant_type):
+def test_4bit_codebooks_match_bitsandbytes_double_quant(quant_type, seed):
+    """TGI's `bitsandbytes-nf4|fp4` (compress_statistics=True: the 64-block absmax values
+    quantized again to 8 bits in blocks of 256), bit for bit as bitsandbytes' CPU kernels."""
     bnb = pytest.importorskip("bitsandbytes.functional")
-    w = weights()
-    packed, state = bnb.quantize_4bit(w, blocksize=64, quant_type=quant_type)
+    w = weights(n=80, k=320, seed=seed) * (1 + seed)  # 400 absmax values: two nested blocks
+    packed, state = bnb.quantize_4bit(w, blocksize=64, quant_type=quant_type,
+                                      compress_statistics=True)  # fmt: skip
+    assert state.nested and state.state2.blocksize == 256
     raw = packed.flatten()
     bnb_codes = torch.stack([raw >> 4, raw & 15], dim=1).flatten().view(w.shape)  # high first
     ours = quantize_codebook(w, quant_type, 64)
-    assert torch.equal(ours.table, state.code.float())
+    assert torch.equal(ours.table, state.code.float())  # the table itself, never rounded
     assert torch.equal(ours.codes, bnb_codes)
-    assert torch.equal(ours.scales.flatten(), state.absmax)
+    nested = bnb.dequantize_blockwise(state.absmax, state.state2) + state.offset
+    assert torch.equal(ours.scales.flatten(), nested)
     assert torch.equal(ours.dequantize(), bnb.dequantize_4bit(packed, state))
     assert torch.equal(pack_codebook(ours).dequantize()[: w.shape[0]], ours.dequantize())
+
+
+def test_dynamic_map_is_bitsandbytes():
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    assert torch.equal(dynamic_map(), bnb.create_dynamic_map())
 
 
 def test_code_tables_are_bitsandbytes_published_values():
@@ -101,6 +113,9 @@ def test_quantise_dequantise_error_bounds(method):
         return
     width = 256 if q.per_channel else q.block_size
     absmax = w.abs().view(w.shape[0], -1, width).amax(-1).repeat_interleave(width, 1)
+    if method in ("nf4", "fp4"):  # the codes' absmax against the double-quantized scales
+        scales = q.scales.repeat_interleave(width, 1)
+        err = err - (scales - absmax).abs()  # |t s' - t s| <= |s' - s| for |t| <= 1
     if method == "q4_1":  # affine: the block's range, not its absmax
         blocks = w.view(w.shape[0], -1, 32)
         absmax = (blocks.amax(-1) - blocks.amin(-1)).repeat_interleave(32, 1)

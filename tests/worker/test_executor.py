@@ -11,15 +11,16 @@ import torch
 from models.runner_utils import BlockAllocator, hf_logits, load_hf, prompt, scheduled, step
 
 from pytgi.backends.cpu.platform import CpuPlatform
-from pytgi.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from pytgi.config import CacheConfig, EngineConfig, GrammarConfig, ModelConfig, SchedulerConfig
 from pytgi.worker.executor import UniprocExecutor, create_executor
 
 
-def make_executor(model_dir, dtype=None, scheduler=None, **cache) -> UniprocExecutor:
+def make_executor(model_dir, dtype=None, scheduler=None, grammar=None, **cache) -> UniprocExecutor:
     config = EngineConfig(
         model=ModelConfig(model_id=str(model_dir), dtype=dtype),
         cache=CacheConfig(**cache),
         scheduler=scheduler or SchedulerConfig(max_batch_prefill_tokens=256),
+        grammar=grammar,
     )
     executor = create_executor(config)
     assert isinstance(executor, UniprocExecutor)
@@ -58,6 +59,16 @@ def test_blocks_from_memory(llama_dir, monkeypatch, cap, expected_blocks):
     executor = make_executor(llama_dir, memory_fraction=0.5, max_kv_cache_bytes=cap)
     # 2 layers x (K + V) x 2 kv heads x 16 head_dim x 16 tokens x 4 bytes = 8 KiB per block
     assert executor.initialize().num_blocks == expected_blocks
+    executor.shutdown()
+
+
+def test_the_grammar_cache_is_counted_in_the_memory_plan(llama_dir, monkeypatch):
+    """On CPU the compiled-grammar cache lives in the same memory as the KV cache: its byte bound
+    comes off the budget before the fraction is applied."""
+    monkeypatch.setattr(CpuPlatform, "available_memory_bytes", lambda self: 64 << 20)
+    grammar = GrammarConfig(cache_bytes=32 << 20)
+    executor = make_executor(llama_dir, memory_fraction=0.5, grammar=grammar)
+    assert executor.initialize().num_blocks == 2048  # (64 - 32) MiB x 0.5 / 8 KiB
     executor.shutdown()
 
 

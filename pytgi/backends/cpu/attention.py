@@ -26,6 +26,15 @@ window value among the layers, shared by all layers:
   window) mask [q, kv] for SDPA.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
 
+Narrow caches (`--kv-cache-dtype`: fp8_e4m3fn, fp8_e5m2, bfloat16, float16 below an fp32 or
+16-bit model): a token's K is stored as k / k_scale clamped to the cache dtype's finite range and
+read back as stored * k_scale in fp32 (likewise V; the scales are the layer's per-tensor
+checkpoint scales for fp8_e4m3fn, as TGI applies them, else 1.0). The torch path gathers the
+visible blocks in the narrow dtype and widens only them. A fresh prompt attends to its own K/V
+after the same round trip, so every query sees exactly the values the cache holds: a row's output
+does not depend on whether its keys came from this step or an earlier one (chunked prefill,
+prefix hits, preemption), nor on the batch. The compiled kernels read fp32 caches only.
+
 Score modifiers, fixed per layer: logit soft-capping (Gemma 2: s -> cap * tanh(s / cap), after the
 scale) and ALiBi (a per-head bias slope * (key position - query position), added after the cap).
 The compiled kernels take both; the torch path runs them as an explicit softmax over the scores
@@ -41,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi.backends.base import (
+    FP8_DTYPES,
     AttentionBackend,
     AttentionBatch,
     AttentionImpl,
@@ -48,11 +58,17 @@ from pytgi.backends.base import (
     AttentionParams,
     KVCache,
     KVCacheSpec,
+    KVScales,
 )
 from pytgi.errors import ModelLoadError
 from pytgi.utils.math import cdiv
 
 KERNEL_HEAD_MULTIPLE = 16  # the prefill kernels' register tiles
+# Row invariance (docs/KERNELS.md): a continuation of at most this many queries (a verify step's
+# k + 1 rows with --speculate k, a short chunk) runs each query as a decode row of the compiled
+# decode kernel, so its numbers are a decode row's bit for bit; longer chunks take the flash
+# kernel (equal in exact arithmetic, not in every bit)
+DECODE_LIKE_ROWS = 8
 
 
 @dataclass
@@ -127,8 +143,9 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         self.num_blocks = num_blocks
         self.kernels = kernels
         kernel_prefill = all(s.head_size % KERNEL_HEAD_MULTIPLE == 0 for s in specs)
-        self.torch_decode = kernels is None
-        self.torch_prefill = kernels is None or not kernel_prefill
+        # the kernels read fp32 caches only: a narrower cache runs every layer on the torch path
+        self.torch_decode = kernels is None or any(s.dtype != torch.float32 for s in specs)
+        self.torch_prefill = self.torch_decode or not kernel_prefill
 
     def build(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         views = {
@@ -227,6 +244,12 @@ class CpuAttentionImpl(AttentionImpl):
         if params.alibi_slopes is not None:
             self.alibi = torch.tensor(params.alibi_slopes, dtype=torch.float32)
         self.modified = self.softcap > 0 or self.alibi is not None
+        self.scales = KVScales()  # applied (fp8_e4m3fn caches only)
+
+    def set_kv_scales(self, scales: KVScales) -> None:
+        super().set_kv_scales(scales)
+        if self.params.kv_cache_dtype == torch.float8_e4m3fn:
+            self.scales = scales
 
     def forward(self, q, k, v, kv_cache: KVCache, metadata: CpuAttentionMetadata):
         k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
@@ -234,8 +257,9 @@ class CpuAttentionImpl(AttentionImpl):
         if ops is not None:
             ops.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
         else:
-            k_cache.index_copy_(1, metadata.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-            v_cache.index_copy_(1, metadata.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+            slots = metadata.slot_mapping
+            _store(k_cache, slots, _encode(k.transpose(0, 1), k_cache.dtype, self.scales.k_scale))
+            _store(v_cache, slots, _encode(v.transpose(0, 1), v_cache.dtype, self.scales.v_scale))
         view = metadata.views[self.window]
         outs = []
         if view.decode is not None:
@@ -261,8 +285,8 @@ class CpuAttentionImpl(AttentionImpl):
                 self.alibi,
             )  # [B, H, D]
         k, v = (
-            _gather(c, metadata, rows.blocks, rows.offset, rows.length, which)
-            for c, which in zip(kv_cache, "kv", strict=True)
+            _gather(c, metadata, rows.blocks, rows.offset, rows.length, which, scale)
+            for c, which, scale in zip(kv_cache, "kv", self._scale_pair(), strict=True)
         )  # [B, KVH, L, D]
         if self.modified:
             # every row's query is its last visible key's position: relative positions up to a
@@ -280,6 +304,9 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _prefill(self, q, k, v, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
         rows = slice(row.start, row.end)
+        if ops is not None and row.block_table is not None:
+            if row.end - row.start <= DECODE_LIKE_ROWS:
+                return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
         if ops is not None and self.kernel_prefill:
             # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
             # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
@@ -307,13 +334,15 @@ class CpuAttentionImpl(AttentionImpl):
                 self.softcap,
                 self.alibi,
             )  # [q, H, D]
-        if row.blocks is None:
-            keys = _fp32(k[rows]).transpose(0, 1).unsqueeze(0)  # [1, KVH, q, D]
-            values = _fp32(v[rows]).transpose(0, 1).unsqueeze(0)
+        if row.blocks is None:  # this step's K/V, as the cache holds them
+            k_cache, v_cache = kv_cache
+            keys = _as_stored(k[rows], k_cache.dtype, self.scales.k_scale)  # [q, KVH, D] fp32
+            values = _as_stored(v[rows], v_cache.dtype, self.scales.v_scale)
+            keys, values = keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0)
         else:
             keys, values = (
-                _gather(c, metadata, row.blocks, row.offset, row.length, which)
-                for c, which in zip(kv_cache, "kv", strict=True)
+                _gather(c, metadata, row.blocks, row.offset, row.length, which, scale)
+                for c, which, scale in zip(kv_cache, "kv", self._scale_pair(), strict=True)
             )  # [1, KVH, S, D]
         queries = _fp32(q[rows]).transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         if self.modified:
@@ -329,6 +358,22 @@ class CpuAttentionImpl(AttentionImpl):
             enable_gqa=True,
         )  # [1, H, q, D]
         return out.squeeze(0).transpose(0, 1)  # [q, H, D]
+
+    def _scale_pair(self) -> tuple[float, float]:
+        return self.scales.k_scale, self.scales.v_scale
+
+    def _as_decode_rows(self, q, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
+        """q [n, H, D], the queries of a continuation at positions row.position.., each as a
+        decode row that sees the keys up to its own position -> [n, H, D]."""
+        n = q.shape[0]
+        seq_lens = row.position + 1 + torch.arange(n, dtype=torch.int64)  # [n]
+        first = (seq_lens - self.window).clamp(min=0) if self.window else torch.zeros_like(seq_lens)
+        tables = row.block_table.to(torch.int64).unsqueeze(0).expand(n, -1).contiguous()  # [n, W]
+        k_cache, v_cache = kv_cache
+        return ops.decode_attention(
+            q.contiguous(), k_cache, v_cache, tables, first, seq_lens, metadata.block_size,
+            self.scale, self.softcap, self.alibi,
+        )  # fmt: skip
 
     def _modified(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
         """Soft-capped and/or ALiBi attention as an explicit softmax: q [R, H, n, D], k / v
@@ -385,9 +430,44 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def _gather(cache, metadata, blocks, offset, length, which: str) -> torch.Tensor:
-    """cache [KVH, num_blocks * block_size, D], blocks [R, nb] -> [R, KVH, length, D] (fp32),
-    each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused buffer."""
+def _encode(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x (any float dtype) -> x / scale in the cache's `dtype`, clamped to its finite range (a
+    value past an 8- or 16-bit format's range saturates instead of becoming inf or NaN)."""
+    if x.dtype == dtype:
+        return x
+    if dtype == torch.float32 and scale == 1.0:
+        return x.to(dtype)  # exact
+    limit = torch.finfo(dtype).max
+    x = x.float() / scale if scale != 1.0 else x.float()
+    return x.clamp(-limit, limit).to(dtype)
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """cache [KVH, S, D] <- x [KVH, T, D] at slots [T] (fp8 through a byte view: index_copy_
+    has no fp8 kernel on CPU)."""
+    if cache.dtype in FP8_DTYPES:
+        cache, x = cache.view(torch.uint8), x.view(torch.uint8)
+    cache.index_copy_(1, slots, x)
+
+
+def _decode(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Stored values -> fp32 values (times the layer's scale)."""
+    x = _fp32(x)
+    return x if scale == 1.0 else x * scale
+
+
+def _as_stored(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x as a read from a cache of `dtype` returns it, in fp32: the round trip through the
+    cache's format (x itself when the cache holds x's dtype)."""
+    if x.dtype == dtype:
+        return _fp32(x)
+    return _decode(_encode(x, dtype, scale), scale)
+
+
+def _gather(cache, metadata, blocks, offset, length, which: str, scale: float) -> torch.Tensor:
+    """cache [KVH, num_blocks * block_size, D], blocks [R, nb] -> [R, KVH, length, D] (fp32,
+    times `scale`), each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused
+    buffer."""
     kvh, num_slots, d = cache.shape
     block_size = metadata.block_size
     index = metadata.gather_index[(id(blocks), kvh)]  # [KVH * R * nb]
@@ -399,4 +479,4 @@ def _gather(cache, metadata, blocks, offset, length, which: str) -> torch.Tensor
         cache.view(kvh * (num_slots // block_size), block_size, d), 0, index, out=out
     )
     out = out.view(kvh, rows, nb * block_size, d)[:, :, offset : offset + length]
-    return _fp32(out.transpose(0, 1))  # [R, KVH, length, D]
+    return _decode(out.transpose(0, 1), scale)  # [R, KVH, length, D]

@@ -87,9 +87,7 @@ def pack_int8(pieces: list[QuantizedWeight]) -> PackedQuantWeight:
     """Row pieces (any bits <= 8) -> one INT8 kernel weight."""
     block = _common_block(pieces, KERNEL_BLOCKS)
     affine = any(p.affine for p in pieces)
-    for p in pieces:
-        if p.affine and p.bits > 7:
-            raise ModelLoadError(f"{p.source}: affine 8-bit codes do not fit the int8 kernel")
+    pieces = [_signed_8bit(p) if p.affine and p.bits > 7 else p for p in pieces]
     codes = torch.cat([p.codes.to(torch.int16) for p in pieces])
     scales = torch.cat([_expanded(p.scales, p, block) for p in pieces])
     mins = None
@@ -99,6 +97,27 @@ def pack_int8(pieces: list[QuantizedWeight]) -> PackedQuantWeight:
              zip(pieces, torch.split(scales, [p.shape[0] for p in pieces]), strict=True)]
         )  # fmt: skip
     return _packed(INT8, codes, scales, mins, block, pieces)
+
+
+def _signed_8bit(p: QuantizedWeight) -> QuantizedWeight:
+    """Affine 8-bit codes 0..255 -> the int8 kernel's signed codes: q - 128 with min + 128 s,
+    when that min is exact in float32 (a GPTQ / compressed-tensors zero point with float16 or
+    bfloat16 scales); the pieces then keep `mins` as affine int8 codes."""
+    mins = p.mins.double() + 128 * p.scales.double()
+    if not torch.equal(mins.float().double(), mins):
+        raise ModelLoadError(f"{p.source}: affine 8-bit codes do not fit the int8 kernel exactly")
+    codes = (p.codes.to(torch.int16) - 128).to(torch.int8)
+    return _ShiftedPiece(codes, p.scales, mins.float(), p)
+
+
+class _ShiftedPiece:
+    """An affine piece whose codes are signed int8 (only `pack_int8` reads it)."""
+
+    def __init__(self, codes, scales, mins, original: QuantizedWeight):
+        self.codes, self.scales, self.mins = codes, scales, mins
+        self.affine, self.bits = True, 8
+        self.block_size, self.source = original.block_size, original.source
+        self.per_channel, self.shape = original.per_channel, original.shape
 
 
 def pack_int4(pieces: list[QuantizedWeight]) -> PackedQuantWeight:

@@ -44,9 +44,12 @@ class _OnTheFly(PackedLinearMethod):
 
 
 class Int8LinearMethod(_OnTheFly):
-    """int8 codes. With `outlier_threshold` > 0 (LLM.int8), activation columns holding any
-    |x| >= threshold skip the int8 activation path: those columns multiply the dequantised
-    weight columns in fp32 (bitsandbytes' mixed decomposition)."""
+    """int8 codes. With `outlier_threshold` > 0 (LLM.int8), each token row's outlier features
+    (|x| >= threshold in that row) skip the int8 activation path: they multiply the dequantised
+    weight columns in fp32 (bitsandbytes' mixed decomposition). bitsandbytes picks the outlier
+    columns per batch (a feature is an outlier for every row when any row has it there); here
+    each row picks its own, so a row's numbers never depend on its neighbours: equal to
+    bitsandbytes for one row, and every outlier of every row still in full precision."""
 
     family = layout = "int8"
 
@@ -57,13 +60,12 @@ class Int8LinearMethod(_OnTheFly):
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.outlier_threshold <= 0 or not self._int8(x):
             return super().apply(layer, x, bias)
-        outliers = (x.abs() >= self.outlier_threshold).any(dim=0).nonzero().squeeze(1)  # [C]
+        mask = x.abs() >= self.outlier_threshold  # [T, in]: each row's own outliers
+        outliers = mask.any(dim=0).nonzero().squeeze(1)  # [C]: the union, to gather once
         if outliers.numel() == 0:
             return super().apply(layer, x, bias)
-        inliers = x.index_fill(1, outliers, 0.0)  # [T, in]
-        y = super().apply(layer, inliers, bias)  # [T, out]
-        columns = layer.quant_packed.columns(outliers)  # [out, C]
-        return y.addmm_(x.index_select(1, outliers), columns.t())
+        y = super().apply(layer, x.masked_fill(mask, 0.0), bias)  # [T, out]
+        return y.add_(outlier_product(x, mask, outliers, layer.quant_packed.columns(outliers)))
 
     def fused_decode_tensors(self, layer, name: str) -> dict | None:
         if self.outlier_threshold > 0:  # the outlier columns' fp32 product runs here only
@@ -72,6 +74,20 @@ class Int8LinearMethod(_OnTheFly):
 
     def _int8(self, x: torch.Tensor) -> bool:
         return self.ops.compiled and self.policy.int8_acts(x.shape[0])
+
+
+def outlier_product(
+    x: torch.Tensor, mask: torch.Tensor, outliers: torch.Tensor, columns: torch.Tensor
+) -> torch.Tensor:
+    """sum_j x[t, j] w[:, j] over row t's outlier features j, in increasing j: [T, out].
+    x, mask [T, in]; outliers [C] the union of the rows' outlier features; columns [out, C]
+    their dequantised weight columns. One fp32 multiply-add per feature, in feature order, and
+    exact zeros for a row's non-outliers: a row's sum is the same whoever shares the batch."""
+    values = x.index_select(1, outliers) * mask.index_select(1, outliers)  # [T, C]
+    acc = x.new_zeros(x.shape[0], columns.shape[0])  # [T, out]
+    for c in range(outliers.numel()):
+        acc.addcmul_(values[:, c : c + 1], columns[:, c].unsqueeze(0))
+    return acc
 
 
 class Int4LinearMethod(_OnTheFly):

@@ -93,7 +93,7 @@ class ShardCollector:
             raise ModelLoadError(
                 f"shard {tuple(src.shape)} does not fit rows of {tuple(self.shape)}"
             )
-        piece = src if isinstance(src, Piece) else self.rows.quantize(src)
+        piece = self.rows.quantize(src) if isinstance(src, torch.Tensor) else src  # else a piece
         self.rows.add(self.offset, piece)
 
 

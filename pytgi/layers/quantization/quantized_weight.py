@@ -51,13 +51,15 @@ class _BlockRows:
     def narrow_cols(self, start: int, length: int):
         if self.per_channel:  # one scale per row holds for any column slice
             return replace(self, codes=self.codes.narrow(1, start, length), block_size=length)
-        if start % self.block_size or length % self.block_size:
+        k = self.codes.shape[1]
+        ends_row = start + length == k  # a row's last block may be partial (ceil(K / block))
+        if start % self.block_size or (length % self.block_size and not ends_row):
             raise ModelLoadError(
                 f"Cannot shard a {self.source or 'quantized'} weight with blocks of "
                 f"{self.block_size} input features at [{start}, {start + length}): "
                 "the shard is not block-aligned"
             )
-        b0, nb = start // self.block_size, length // self.block_size
+        b0, nb = start // self.block_size, -(-length // self.block_size)
         return replace(
             self,
             codes=self.codes.narrow(1, start, length),

@@ -5,8 +5,10 @@
   (ties to even);
 - `quantize_q8_0`, `quantize_q4_0`, `quantize_q4_1`: GGUF's Q8_0 / Q4_0 / Q4_1 (the `gguf`
   package's numpy reference, bit for bit), 32-wide blocks with float16 scales;
-- `quantize_codebook`: bitsandbytes NF4 / FP4 (`quantize_4bit`): 64-wide blocks along each row,
-  absmax scales, each value to the nearest code of the table (bucketize on the midpoints);
+- `quantize_codebook`: bitsandbytes NF4 / FP4 (`quantize_4bit(compress_statistics=True)`, as
+  TGI calls it): 64-wide blocks along each row, each value to the nearest code of the table
+  (bucketize on the midpoints) against its block's absmax; the absmax values themselves double
+  quantized (`double_quantize`), and the weight served with those dequantised scales;
 - `quantize_fp8`: e4m3 codes with one scale per output row, scale = max|w| / 448.
 """
 
@@ -104,8 +106,56 @@ def quantize_q4_1(w: torch.Tensor) -> QuantizedWeight:
     return QuantizedWeight(q.to(torch.uint8).reshape(w.shape), 4, 32, scales, mins, "Q4_1")
 
 
+def dynamic_map() -> torch.Tensor:
+    """bitsandbytes' signed 8-bit "dynamic" code (`create_dynamic_map()`): 256 sorted float32
+    values in [-1, 1], a decimal exponent 10^-6..10^0 times evenly spaced fractions."""
+    data: list[float] = []
+    for i in range(7):
+        edges = torch.linspace(0.1, 1, 2**i + 1, dtype=torch.float32)
+        means = (edges[:-1] + edges[1:]) / 2.0
+        data += ((10.0 ** (i - 6)) * means).tolist() + (-(10.0 ** (i - 6)) * means).tolist()
+    data += [0.0, 1.0]
+    return torch.tensor(sorted(data), dtype=torch.float32)
+
+
+LUT_SIZE = 65536  # bitsandbytes' CPU quantize_blockwise: [-1, 1] in 65536 bins, nearest code each
+
+
+def _dynamic_lut(code: torch.Tensor) -> torch.Tensor:
+    """bin -> code index: bin i stands for -1 + 2 i / 65535, mapped to the first code whose
+    upper midpoint is not below it."""
+    midpoints = 0.5 * (code[:-1] + code[1:])
+    bins = -1.0 + (2.0 * torch.arange(LUT_SIZE, dtype=torch.float32)) / (LUT_SIZE - 1)
+    return torch.searchsorted(midpoints, bins)
+
+
+def double_quantize(absmax: torch.Tensor, block_size: int = 256) -> torch.Tensor:
+    """bitsandbytes' nested quantisation of 4-bit block scales (`compress_statistics=True`), as
+    its CPU kernels compute it, returned dequantised (what its `dequantize_4bit` multiplies by):
+    the mean is subtracted, the rest (flattened, row-major) quantised with the dynamic 8-bit code
+    in blocks of 256 against each block's absmax, then code * absmax + mean in float32."""
+    flat = absmax.float().reshape(-1)
+    offset = flat.mean()
+    x = flat - offset
+    n = x.numel()
+    padded = x.new_zeros(cdiv(n, block_size) * block_size)
+    padded[:n] = x
+    blocks = padded.view(-1, block_size)  # zero padding never raises a block's absmax
+    scale = blocks.abs().amax(dim=1, keepdim=True)  # [B, 1]
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    normed = (blocks * inv).clamp(-1.0, 1.0)
+    bins = ((normed + 1.0) * 0.5 * (LUT_SIZE - 1) + 0.5).long()  # truncation, as the C cast
+    code = dynamic_map()
+    q = _dynamic_lut(code)[bins]
+    q = torch.where(scale > 0, q, torch.zeros_like(q))  # an all-zero block: code 0, scale 0
+    dequantised = (code[q] * scale).reshape(-1)[:n] + offset
+    return dequantised.reshape(absmax.shape)
+
+
 def quantize_codebook(w: torch.Tensor, name: str, block_size: int = 64) -> CodebookWeight:
-    """bitsandbytes' NF4 / FP4 along each row (a last partial block gets its own absmax)."""
+    """bitsandbytes' NF4 / FP4 along each row (a last partial block gets its own absmax), with
+    double-quantized scales: codes and scales bit for bit as bitsandbytes' CPU `quantize_4bit(w,
+    compress_statistics=True)` and its dequantised absmax when K is a multiple of 64."""
     n, k = w.shape
     nb = cdiv(k, block_size)
     padded = w.float().new_zeros(n, nb * block_size)
@@ -118,7 +168,8 @@ def quantize_codebook(w: torch.Tensor, name: str, block_size: int = 64) -> Codeb
     midpoints = (table[order[:-1]] + table[order[1:]]) / 2
     q = order[torch.bucketize(scaled, midpoints)]
     codes = q.reshape(n, -1)[:, :k].to(torch.uint8)
-    return CodebookWeight(codes, table, 4, block_size, absmax, f"bitsandbytes-{name}")
+    scales = double_quantize(absmax)
+    return CodebookWeight(codes, table, 4, block_size, scales, f"bitsandbytes-{name}")
 
 
 def quantize_fp8(w: torch.Tensor) -> CodebookWeight:

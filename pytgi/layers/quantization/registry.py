@@ -21,27 +21,31 @@ import torch
 
 from pytgi.backends.base import QuantOps
 from pytgi.errors import ConfigError
+from pytgi.layers.quantization.activations import activations_for
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
     CodebookLinearMethod,
     Fp8LinearMethod,
     Int8LinearMethod,
 )
+from pytgi.layers.quantization.detect import (
+    CheckpointQuant,
+    check_checkpoint_quant,
+    check_quantize_needs_checkpoint,
+)
 from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, ActivationPolicy
 from pytgi.layers.quantization.quantizers import quantize_per_channel_int8
 
 LLM_INT8_THRESHOLD = 6.0  # bitsandbytes' default outlier threshold (TGI's too)
-# int8 activations at every row count: faster than fp32 activations at every measured shape
-# (docs/PERFORMANCE.md, "Quantized kernels"), and one arithmetic per row whatever the batch
-DEFAULT_POLICY = ActivationPolicy(int8_from_rows=1)
-POLICIES = {"int8": DEFAULT_POLICY, "fp32": FP32_ACTIVATIONS}
+# int8 activations at every row count: one arithmetic per row whatever the batch
+INT8_POLICY = ActivationPolicy(int8_from_rows=1)
+POLICIES = {"int8": INT8_POLICY, "fp32": FP32_ACTIVATIONS}
 
 
-def activation_policy(name: str) -> ActivationPolicy:
-    """The policy `ModelConfig.quant_activations` (PYTGI_QUANT_ACTIVATIONS) names."""
-    if name not in POLICIES:
-        raise ConfigError(f"PYTGI_QUANT_ACTIVATIONS must be one of {', '.join(POLICIES)}")
-    return POLICIES[name]
+def activation_policy(method: str, requested: str | None = None) -> ActivationPolicy:
+    """The policy of `method` ("gguf" or a `--quantize` value): `requested` ("int8" / "fp32",
+    `--quantize-activations`) or the method's TGI default (quantization/activations.py)."""
+    return POLICIES[activations_for(method, requested)]
 
 
 class OnTheFlyQuantConfig(QuantConfig):
@@ -80,20 +84,21 @@ def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
     }
 
 
-SUPPORTED_QUANTIZE = tuple(_factories(DEFAULT_POLICY))
+SUPPORTED_QUANTIZE = tuple(_factories(INT8_POLICY))
 
 
 def quant_config_for(
-    name: str, policy: ActivationPolicy = DEFAULT_POLICY, quantize_lm_head: bool = False
+    name: str, policy: ActivationPolicy | None = None, quantize_lm_head: bool = False
 ) -> QuantConfig:
-    """The QuantConfig of `--quantize name`, with the activation policy given and the LM head
-    quantized or not (TGI: not)."""
-    factories = _factories(policy)
-    if name not in factories:
+    """The QuantConfig of `--quantize name`, with the activation policy given (default: the
+    method's TGI numerics) and the LM head quantized or not (`ModelConfig.quantize_lm_head`;
+    TGI: not)."""
+    if name not in SUPPORTED_QUANTIZE:
         raise ConfigError(
             f"--quantize {name} is not supported on CPU by pytgi "
             f"(supported: {', '.join(SUPPORTED_QUANTIZE)})"
         )
+    factories = _factories(policy or activation_policy(name))
     return OnTheFlyQuantConfig(name, factories[name], quantize_lm_head)
 
 
@@ -101,25 +106,40 @@ def resolve_quant_config(
     quantize: str | None,
     checkpoint_method: str | None,
     dtype: torch.dtype,
-    activations: str = "int8",
+    activations: str | None = None,
     quantize_lm_head: bool = False,
 ) -> QuantConfig | None:
-    """`--quantize` and the checkpoint's `quantization_config.quant_method` -> the config, or a
-    ConfigError naming what cannot run together. `activations` names the activation policy
-    (`POLICIES`)."""
+    """`--quantize` (with `--quantize-activations`) on a full-precision checkpoint -> the
+    on-the-fly config, or a ConfigError naming what cannot run together (a pre-quantized
+    checkpoint goes through `check_prequantized_options` and prequantized.py instead)."""
     if checkpoint_method is not None:
-        raise ConfigError(
-            f"checkpoints quantized with '{checkpoint_method}' are not supported on CPU by pytgi"
-            + (f" (and --quantize {quantize} cannot re-quantize them)" if quantize else "")
-        )
+        raise ConfigError(f"the checkpoint is already quantized with '{checkpoint_method}'")
     if quantize is None:
         return None
+    check_quantize_needs_checkpoint(quantize)
     if dtype != torch.float32:
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
-    return quant_config_for(quantize, activation_policy(activations), quantize_lm_head)
+    policy = activation_policy(quantize, activations)
+    return quant_config_for(quantize, policy, quantize_lm_head)
+
+
+def check_prequantized_options(
+    quant: CheckpointQuant, quantize: str | None, dtype, activations: str | None = None
+) -> ActivationPolicy:
+    """What cannot serve a pre-quantized checkpoint: an unsupported method or format, a
+    `--quantize` naming another method, a compute dtype other than the kernels' float32. Returns
+    the activation policy: full precision by default (these formats are weight-only),
+    `--quantize-activations int8` on request (not for fp8)."""
+    method = check_checkpoint_quant(quant, quantize)
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"{method} checkpoints run the CPU kernels on float32 activations: use --dtype "
+            f"float32 (got {str(dtype).removeprefix('torch.')})"
+        )
+    return POLICIES[activations_for(method, activations)]
 
 
 def check_gguf_options(quantize: str | None, dtype: torch.dtype) -> None:

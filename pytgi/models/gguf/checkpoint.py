@@ -22,7 +22,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 from pytgi.models.gguf.blocks import DECODERS, decode_blocks
 from pytgi.models.gguf.metadata import field_value, hf_config, read_metadata
-from pytgi.models.gguf.names import hf_name, llama_name_map, unpermute_rows
+from pytgi.models.gguf.names import CONFIG_TENSORS, hf_name, llama_name_map, unpermute_rows
 from pytgi.models.gguf.tokenizer import GGUFTokenizer, build_tokenizer, write_hf_files
 
 logger = logging.getLogger(__name__)
@@ -44,15 +44,22 @@ class GGUFCheckpoint:
     @cached_property
     def hf_config(self):
         """The transformers config (e.g. `LlamaConfig`, `architectures` set)."""
-        return hf_config(self.metadata)
+        return hf_config(self.metadata, self._freq_factors())
 
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:
         return build_tokenizer(self.metadata)
 
+    def _freq_factors(self) -> list[float] | None:
+        """The `rope_freqs` tensor (Llama 3.1-3.3's rope frequency factors), if the file has one."""
+        for tensor in self.reader.tensors:
+            if tensor.name in CONFIG_TENSORS:
+                return [float(v) for v in read_tensor(tensor).float().flatten().tolist()]
+        return None
+
     def write_hf_files(self, out_dir: str | Path) -> Path:
         """Write config.json, generation_config.json and the tokenizer files into `out_dir`."""
-        return write_hf_files(self.metadata, self.tokenizer, Path(out_dir))
+        return write_hf_files(self.metadata, self.tokenizer, Path(out_dir), self.hf_config)
 
     def tensor_types(self) -> dict[str, int]:
         """How many tensors of each GGML type the file holds, e.g. {"Q4_1": 210, "F32": 61}."""

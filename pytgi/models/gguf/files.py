@@ -1,10 +1,13 @@
 """Which GGUF file `--model-id` (and `--model-gguf`) name: a local file, one in a local directory,
 or one in a hub repo (downloaded alone, through `pytgi.utils.hub`).
 
-`--model-gguf` is the flag of TGI's llama.cpp backend (there: the GGUF file's path); here it is the
-file's path inside the `--model-id` directory or hub repo (an absolute path is used as is), and it
-is needed only when the directory or repo holds several GGUF files. A directory or repo that holds
-safetensors weights is an ordinary checkpoint unless `--model-gguf` is given.
+`--model-gguf` is the flag of TGI's llama.cpp backend: there (and here, first) the path of a GGUF
+file anywhere (absolute, or relative to the working directory), with `--model-id` naming the model
+whose tokenizer and chat template are served (`tokenizer_source`). As extensions, `--model-gguf`
+may instead name a file inside the `--model-id` directory or hub repo (needed only when it holds
+several GGUF files), and `--model-id` may name a GGUF file, a directory or repo holding one; then
+the tokenizer comes from the GGUF file. A directory or repo that holds safetensors weights is an
+ordinary checkpoint unless `--model-gguf` is given.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ def find_gguf_file(model: ModelConfig, gguf_file: str | None = None) -> Path | N
     not a GGUF checkpoint (`gguf_file` not given, and no GGUF file or also safetensors weights).
     """
     path = Path(model.model_id).expanduser()
+    standalone = tgi_form_file(model, gguf_file)
+    if standalone is not None:
+        return _checked(standalone)
     if path.is_file():
         if gguf_file is not None and Path(gguf_file).name != path.name:
             raise ModelLoadError(
@@ -35,6 +41,18 @@ def find_gguf_file(model: ModelConfig, gguf_file: str | None = None) -> Path | N
         return _in_directory(path.resolve(), gguf_file)
     hub.local_model_dir(model.model_id)  # raises for a local path that does not exist
     return _in_hub_repo(model, gguf_file)
+
+
+def tgi_form_file(model: ModelConfig, gguf_file: str | None) -> Path | None:
+    """TGI's form: `--model-gguf` names an existing file by its own path (absolute or relative to
+    the working directory) and `--model-id` is something else (a directory or hub id). None when
+    the flags are not in this form."""
+    if gguf_file is None:
+        return None
+    path = Path(gguf_file).expanduser()
+    if not path.is_file() or Path(model.model_id).expanduser().is_file():
+        return None
+    return path.resolve()
 
 
 def _in_directory(directory: Path, gguf_file: str | None) -> Path | None:

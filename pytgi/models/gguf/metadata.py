@@ -121,14 +121,23 @@ def _renamed(reader: GGUFReader, table: dict[str, dict[str, str | None]]) -> dic
     return out
 
 
-def hf_config(meta: GGUFMetadata):
-    """A transformers config object pytgi's model for `meta.architecture` accepts."""
+def hf_config(meta: GGUFMetadata, freq_factors: list[float] | None = None):
+    """A transformers config object pytgi's model for `meta.architecture` accepts;
+    `freq_factors`: the file's `rope_freqs` tensor, if it has one."""
     from transformers import LlamaConfig
 
     fields = dict(meta.config)
     fields.pop("model_type", None)
     name = fields.pop("_model_name_or_path", None)
-    config = LlamaConfig(**fields, rope_scaling=rope_scaling(meta))
+    scaling = rope_scaling(meta)
+    if freq_factors is not None:
+        if scaling is not None:
+            raise ModelLoadError(
+                f"GGUF rope scaling `{scaling['rope_type']}` together with rope_freqs factors is "
+                "not supported"
+            )
+        scaling = {"rope_type": "freq_factors", "freq_factors": freq_factors}
+    config = LlamaConfig(**fields, rope_scaling=scaling)
     config.architectures = [SUPPORTED_ARCHITECTURES[meta.architecture]]
     config._name_or_path = name or ""
     return config

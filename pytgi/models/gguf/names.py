@@ -35,12 +35,11 @@ _LLAMA_LAYER = ("input_layernorm.weight", "post_attention_layernorm.weight") + t
     )
     for param in ("weight", "bias")
 )
-# GGUF tensors a Llama file may hold that have no HF parameter: skipped with a warning
-_IGNORED = {
-    # Llama 3.1's precomputed rope factors; the HF config's rope_scaling would be the source
-    "rope_freqs.weight": "its rope frequency factors are not applied (positions past the "
-    "original context may differ from llama.cpp)",
-}
+# GGUF tensors a Llama file may hold that are configuration, not parameters: the rope
+# frequency factors of Llama 3.1-3.3 (llama3 rope scaling) go into the config's rope_scaling
+# (metadata.hf_config), so the weight loader skips them
+CONFIG_TENSORS = ("rope_freqs.weight",)
+_IGNORED: dict[str, str] = {}
 
 
 def llama_name_map(num_layers: int) -> dict[str, str]:
@@ -61,6 +60,8 @@ def hf_name(name_map: dict[str, str], gguf_name: str) -> str | None:
     """The HF name of a GGUF tensor; None for a known tensor without one (logged)."""
     if gguf_name in name_map:
         return name_map[gguf_name]
+    if gguf_name in CONFIG_TENSORS:
+        return None
     if gguf_name in _IGNORED:
         logger.warning("GGUF tensor %s is skipped: %s", gguf_name, _IGNORED[gguf_name])
         return None

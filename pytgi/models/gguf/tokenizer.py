@@ -59,10 +59,13 @@ def build_tokenizer(meta: GGUFMetadata) -> GGUFTokenizer:
     return GGUFTokenizer(backend, config, end_of_generation_ids(meta))
 
 
-def write_hf_files(meta: GGUFMetadata, tokenizer: GGUFTokenizer, out_dir: Path) -> Path:
-    """Write config.json, generation_config.json and the tokenizer files into `out_dir`."""
+def write_hf_files(
+    meta: GGUFMetadata, tokenizer: GGUFTokenizer, out_dir: Path, config=None
+) -> Path:
+    """Write config.json (`config`, default: the metadata's), generation_config.json and the
+    tokenizer files into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = hf_config(meta)
+    config = config if config is not None else hf_config(meta)
     config.to_json_file(str(out_dir / "config.json"))
     eos = tokenizer.eos_token_ids
     generation = {"eos_token_id": eos[0] if len(eos) == 1 else eos}

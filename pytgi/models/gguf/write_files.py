@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pytgi.errors import PytgiError
-from pytgi.models.gguf.prepared import MARKER
+from pytgi.models.gguf.prepared import MARKER, fingerprint
 
 
 def main(argv: list[str]) -> int:
@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
         "gguf_file": str(path),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
+        "fingerprint": fingerprint(path),
         "architecture": checkpoint.metadata.architecture,
         "tensor_types": checkpoint.tensor_types(),
     }

@@ -126,11 +126,13 @@ def test_unknown_tensor_is_named(tmp_path):
         list(GGUFCheckpoint(path).iter_weights())
 
 
-def test_rope_freqs_is_skipped_with_a_warning(tmp_path, caplog):
-    tensors = [("rope_freqs.weight", np.ones(4, dtype=np.float32), None)]
-    path = _write(tmp_path / "m.gguf", tensors=tensors)
-    assert list(GGUFCheckpoint(path).iter_weights()) == []
-    assert "rope_freqs.weight is skipped" in caplog.text
+def test_rope_freqs_go_into_the_config_not_the_weights(tmp_path):
+    factors = np.array([1.0, 1.5, 4.0, 8.0], dtype=np.float32)
+    path = _write(tmp_path / "m.gguf", tensors=[("rope_freqs.weight", factors, None)])
+    checkpoint = GGUFCheckpoint(path)
+    assert list(checkpoint.iter_weights()) == []
+    scaling = checkpoint.hf_config.rope_scaling
+    assert scaling == {"rope_type": "freq_factors", "freq_factors": [1.0, 1.5, 4.0, 8.0]}
 
 
 def test_missing_shape_metadata_is_named(tmp_path):

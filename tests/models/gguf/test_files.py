@@ -168,3 +168,37 @@ def test_unreachable_hub_lists_the_cache(fake_hub, gguf_dir):
     with pytest.raises(ModelLoadError, match="holds several GGUF files"):
         find_gguf_file(ModelConfig(model_id=REPO))  # the cached snapshot's files were listed
     assert hub.downloads[0]["local_files_only"] is True
+
+
+def test_tgi_form_a_file_anywhere_with_a_directory_model_id(tiny_gguf, tiny_llama_dir, monkeypatch):
+    monkeypatch.chdir(tiny_gguf[0].parent)
+    relative = f"./{tiny_gguf[0].name}"
+    assert find_gguf_file(local(tiny_llama_dir), relative) == tiny_gguf[0].resolve()
+    assert find_gguf_file(local(tiny_llama_dir), str(tiny_gguf[0])) == tiny_gguf[0].resolve()
+
+
+def test_tgi_form_a_file_anywhere_with_a_hub_model_id(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.chdir(tiny_gguf[0].parent)
+    model = offline(tmp_path / "empty-cache", "org/not-cached")  # never looked up
+    assert find_gguf_file(model, tiny_gguf[0].name) == tiny_gguf[0].resolve()
+    assert find_gguf_file(model, str(tiny_gguf[0])) == tiny_gguf[0].resolve()
+
+
+def test_tgi_form_takes_the_tokenizer_of_the_model_id(tiny_gguf, tiny_llama_dir, tmp_path):
+    import json
+
+    from pytgi.models.resolve import resolve_model
+
+    tokenizer_dir = tmp_path / "tokenizer-model"
+    shutil.copytree(tiny_llama_dir, tokenizer_dir)
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = "CUSTOM {{ messages[0]['content'] }}"
+    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
+
+    served = resolve_model(ModelConfig(model_id=str(tokenizer_dir), gguf_file=str(tiny_gguf[0])))
+    served_config = json.loads((served / "tokenizer_config.json").read_text())
+    assert served_config["chat_template"] == "CUSTOM {{ messages[0]['content'] }}"
+    assert (served / "pytgi_gguf.json").is_file()  # still the GGUF's weights
+    # today's form, --model-id the file: the tokenizer read from the file
+    own = resolve_model(ModelConfig(model_id=str(tiny_gguf[0])))
+    assert "CUSTOM" not in (own / "tokenizer_config.json").read_text()

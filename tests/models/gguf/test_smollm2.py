@@ -136,6 +136,8 @@ def heldout(served_dir, reference) -> tuple[list[int], torch.Tensor]:
 # at most 0.30 apart). The bounds leave room for other kernels' summation order, not for a wrong
 # weight (which moves every logit).
 FIDELITY_BOUNDS = {"fp32": (0.998, 0.001, 1e-4, 0.01), "int8": (0.90, 0.02, 0.03, 1.0)}
+
+
 @pytest.mark.parametrize("acts", ["int8", "fp32"])
 def test_served_model_matches_transformers_fp32_reference(served_dir, heldout, acts, monkeypatch):
     """Teacher-forced on held-out text: top-1 agreement and perplexity against transformers' fp32
@@ -153,8 +155,10 @@ def test_served_model_matches_transformers_fp32_reference(served_dir, heldout, a
     # where the top-1 differs: how far below the reference's best logit pytgi's choice lies
     ours = logits.argmax(-1, keepdim=True)
     gaps = expected.max(-1).values - expected.gather(-1, ours).squeeze(-1)  # [T], 0 where equal
-    print(f"{acts} activations: top-1 {top1:.4f}, perplexity {ppl:.3f} against {ref_ppl:.3f}, "
-          f"logits rel. RMS error {rel_rms:.5f}, largest flipped gap {gaps.max().item():.3f}")
+    print(
+        f"{acts} activations: top-1 {top1:.4f}, perplexity {ppl:.3f} against {ref_ppl:.3f}, "
+        f"logits rel. RMS error {rel_rms:.5f}, largest flipped gap {gaps.max().item():.3f}"
+    )
     min_top1, max_ppl_change, max_rms, max_gap = FIDELITY_BOUNDS[acts]
     assert top1 >= min_top1
     assert abs(ppl / ref_ppl - 1) <= max_ppl_change

@@ -495,34 +495,9 @@ constexpr int64_t kTile = 16;
     _mm256_storeu_ps(y + m * ys + 8, _mm256_add_ps(c##m##1, b1));           \
   }
 
-// One row (GEMV): k unrolled by 4 with separate accumulators (8 independent FMA chains).
-inline void tile_1x16(const float* x, const float* w, int64_t wn, int64_t k_len, float* y,
-                      const float* bias) {
-  __m256 a[8];
-  for (auto& r : a) r = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 3 < k_len; k += 4) {
-    for (int u = 0; u < 4; ++u) {
-      const __m256 xb = _mm256_broadcast_ss(x + k + u);
-      a[2 * u] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + (k + u) * wn), a[2 * u]);
-      a[2 * u + 1] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + (k + u) * wn + 8), a[2 * u + 1]);
-    }
-  }
-  for (; k < k_len; ++k) {
-    const __m256 xb = _mm256_broadcast_ss(x + k);
-    a[0] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + k * wn), a[0]);
-    a[1] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(w + k * wn + 8), a[1]);
-  }
-  __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[4], a[6]));
-  __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[5], a[7]));
-  if (bias) {
-    lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias));
-    hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + 8));
-  }
-  _mm256_storeu_ps(y, lo);
-  _mm256_storeu_ps(y + 8, hi);
-}
-
+// Row invariance (docs/KERNELS.md): every row of every block size sums its products in one FMA
+// chain, k = 0, 1, ..., K-1, then adds the bias, so a row's result never depends on how many
+// rows share its block or its step (a single row has no faster chain order of its own).
 template <int MB>
 inline void tile_6x16(const float* x, int64_t xs, const float* w, int64_t wn, int64_t k_len,
                       float* y, int64_t ys, const float* bias) {
@@ -550,7 +525,7 @@ inline void tile_rows(int64_t rows, const float* x, int64_t xs, const float* w, 
     case 4: return tile_6x16<4>(x, xs, w, wn, k_len, y, ys, bias);
     case 3: return tile_6x16<3>(x, xs, w, wn, k_len, y, ys, bias);
     case 2: return tile_6x16<2>(x, xs, w, wn, k_len, y, ys, bias);
-    default: return tile_1x16(x, w, wn, k_len, y, bias);
+    default: return tile_6x16<1>(x, xs, w, wn, k_len, y, ys, bias);
   }
 }
 #endif

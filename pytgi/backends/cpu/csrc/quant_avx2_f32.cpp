@@ -1,7 +1,8 @@
 // The AVX2 (+FMA, F16C) table of quant.h's kernels, fp32-activation half: the weights of a group
 // dequantised in registers (gemm_f32, small M) or into an fp32 panel for the packed-tile GEMM
-// (dequant_group, larger M). dequant_group equals quant_scalar.cpp's bit for bit; gemm_f32 to
-// fp32 rounding (its sums run in another order).
+// (dequant_group, larger M). dequant_group equals quant_scalar.cpp's bit for bit, and gemm_f32
+// equals the packed-tile GEMM on those panels bit for bit (the same weights, one FMA chain per
+// row in k order: docs/KERNELS.md's row invariance).
 #include "quant.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -74,10 +75,11 @@ inline __m256i quad_codes(const uint8_t* blk, int qd) {
 
 // ---- fp32 activations, weights dequantised in registers: R rows x one group ------------------
 // Each k row of the group is decoded once into 8 floats and multiplies the R rows' broadcast
-// activation; single rows spread over 4 accumulator chains (2 for 2 rows) to hide FMA latency.
+// activation. Row invariance (docs/KERNELS.md): each row sums in one FMA chain over k in order,
+// whatever R, exactly as the packed-tile GEMM on a dequantised panel does (more rows).
 template <int FMT, int R, bool HALF, bool MINS>
 void f32_pass(const GroupView& gv, const float* table, const float* const* x, __m256* out) {
-  constexpr int C = R == 1 ? 4 : (R == 2 ? 2 : 1);
+  constexpr int C = 1;
   constexpr int64_t kBytes = FMT == kInt4 || FMT == kLut4 ? 128 : 256;
   const uint8_t *codes = gv.codes, *scales = gv.scales, *mins = gv.mins;
   const int64_t kblocks = gv.kblocks, mul = gv.row_mul, shift = gv.row_shift;

@@ -1,0 +1,178 @@
+"""Each vision-language family's image processing, as its own transformers processor does it:
+the image processor from the checkpoint's `preprocessor_config.json` (transformers' PIL/numpy
+implementation: the torchvision-based fast processors and the video processors do not load
+beside this CPU torch), and the placeholder text one image becomes in the prompt, with the
+number of tokens the processor would expand it to.
+
+A family is a `FamilyProcessor` registered by the config's `model_type`; `load_processor`
+returns None for a model type with none (a text model: markdown images stay text, as in TGI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pytgi.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class ProcessorOutput:
+    """One image, processed: its placeholder text, and per run of placeholder tokens in that
+    text (the whole image, or one tile of an image split into tiles) the run's length and the
+    arrays its embeddings are computed from."""
+
+    runs: list[dict[str, np.ndarray]]  # the image processor's outputs for each run
+    run_lengths: list[int]  # placeholder tokens of each run
+    prompt_text: str  # what the image's markdown becomes in the prompt
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.run_lengths)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for run in self.runs for a in run.values())
+
+
+class FamilyProcessor:
+    """One family's processing. Subclasses set `image_token` (the placeholder whose runs the
+    model's embeddings replace) and implement `_process`."""
+
+    image_token: ClassVar[str]
+
+    def __init__(self, image_processor: Any, hf_config: Any, token_to_id):
+        self.image_processor = image_processor
+        self.hf_config = hf_config
+        placeholder = token_to_id(self.image_token)
+        if placeholder is None:
+            raise ModelLoadError(f"the tokenizer has no image token {self.image_token!r}")
+        self.placeholder_id: int = placeholder
+
+    def process(self, image) -> ProcessorOutput:
+        raise NotImplementedError
+
+
+class Qwen2VLProcessing(FamilyProcessor):
+    """Qwen2-VL and Qwen2.5-VL: dynamic resolution (resized to multiples of patch x merge size),
+    one token per merge x merge patches, framed by <|vision_start|> ... <|vision_end|>."""
+
+    image_token = "<|image_pad|>"
+
+    def process(self, image) -> ProcessorOutput:
+        # channels_last: a tiny image's channel axis is otherwise ambiguous to the processor
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        grid = np.asarray(out["image_grid_thw"], dtype=np.int64)  # [1, 3]
+        merge = self.image_processor.merge_size
+        num_tokens = int(grid[0].prod()) // (merge * merge)
+        features = {
+            "pixel_values": np.ascontiguousarray(out["pixel_values"], dtype=np.float32),
+            "image_grid_thw": grid,
+        }
+        text = "<|vision_start|>" + self.image_token * num_tokens + "<|vision_end|>"
+        return ProcessorOutput([features], [num_tokens], text)
+
+
+class Idefics3Processing(FamilyProcessor):
+    """Idefics 3 (SmolVLM): the image is resized and split into tiles of the tower's size plus a
+    global view, each tile `image_seq_len` <image> tokens after the pixel shuffle, framed by
+    <fake_token_around_image>, <row_i_col_j> and <global-img> markers (the processor's own
+    prompt builder). Each tile is its own run."""
+
+    image_token = "<image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        vision = hf_config.vision_config
+        side = vision.image_size // vision.patch_size
+        self.image_seq_len = side * side // (hf_config.scale_factor**2)
+
+    def process(self, image) -> ProcessorOutput:
+        from transformers.models.idefics3.processing_idefics3 import get_image_prompt_string
+
+        out = self.image_processor(
+            images=[[image]],
+            return_tensors="np",
+            input_data_format="channels_last",
+            return_row_col_info=True,
+        )
+        tiles = np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32)  # [n, 3, H, W]
+        rows, cols = _first(out.get("rows", 0)), _first(out.get("cols", 0))
+        text = get_image_prompt_string(
+            rows, cols, self.image_seq_len, "<fake_token_around_image>", self.image_token,
+            "<global-img>",
+        )  # fmt: skip
+        runs = [{"pixel_values": tiles[i : i + 1]} for i in range(tiles.shape[0])]
+        return ProcessorOutput(runs, [self.image_seq_len] * len(runs), text)
+
+
+class LlavaNextProcessing(FamilyProcessor):
+    """Llava-Next: the image tiled at its best `image_grid_pinpoints` resolution plus a base
+    view, one run of <image> tokens per image, as many as LlavaNextProcessor counts (the base
+    view's patches, the unpadded grid's patches and one newline per grid row)."""
+
+    image_token = "<image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        from transformers import LlavaNextProcessor
+
+        counter = LlavaNextProcessor.__new__(LlavaNextProcessor)  # its counting, no tokenizer
+        counter.image_processor = image_processor
+        counter.patch_size = hf_config.vision_config.patch_size
+        counter.vision_feature_select_strategy = hf_config.vision_feature_select_strategy
+        counter.num_additional_image_tokens = 1  # CLIP's CLS, dropped again by "default"
+        self.counter = counter
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        tiles = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)  # [1, P, C, S, S]
+        sizes = np.asarray(out["image_sizes"], dtype=np.int64)  # [1, 2]: (height, width)
+        height, width = tiles.shape[-2:]
+        num_tokens = self.counter._get_number_of_features(
+            int(sizes[0, 0]), int(sizes[0, 1]), height, width
+        )
+        if self.counter.vision_feature_select_strategy == "default":
+            num_tokens -= 1
+        features = {"pixel_values": tiles, "image_sizes": sizes}
+        return ProcessorOutput([features], [num_tokens], self.image_token * num_tokens)
+
+
+def _first(value) -> int:
+    """rows / cols come as [[n]] for one image (0: not split)."""
+    while isinstance(value, list | tuple | np.ndarray):
+        value = value[0]
+    return int(value)
+
+
+# model_type -> its processing (read from config.json by the launcher: no torch for text models)
+PROCESSORS: dict[str, type[FamilyProcessor]] = {
+    "qwen2_vl": Qwen2VLProcessing,
+    "qwen2_5_vl": Qwen2VLProcessing,
+    "idefics3": Idefics3Processing,
+    "llava_next": LlavaNextProcessing,
+}
+
+
+def is_vision_model_type(model_type: str | None) -> bool:
+    return model_type in PROCESSORS
+
+
+def load_processor(model_dir: str | Path, hf_config: Any, token_to_id) -> FamilyProcessor | None:
+    family = PROCESSORS.get(getattr(hf_config, "model_type", None))
+    if family is None:
+        return None
+    from transformers import AutoImageProcessor
+
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
+    return family(image_processor, hf_config, token_to_id)

@@ -1,0 +1,87 @@
+"""Windowed models give back the blocks their window has left: the KV manager's rule (blocks
+wholly below n - W + 1 once n tokens are computed; a placeholder keeps the table's positions; the
+prefix cache never hands out a reallocated block), and a long request on the tiny Mistral (every
+layer windowed, W = 24) holding a window's worth of blocks while its tokens stay transformers'."""
+
+from __future__ import annotations
+
+import torch
+from engine.test_llm_parity import reference
+from models.runner_utils import load_hf, prompt
+
+from pytgi.engine.kv_cache_manager import NULL_BLOCK, KVCacheManager
+from pytgi.messages.request import EngineRequest
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
+from pytgi.runtime.llm import LLM
+
+
+def request(ids: list[int], rid: str = "r"):
+    from pytgi.engine.request import Request
+
+    engine_request = EngineRequest(rid, ids, SamplingParams(), StoppingParams(max_new_tokens=8))
+    return Request.from_engine_request(engine_request)
+
+
+def test_blocks_below_the_window_go_back_to_the_pool():
+    kv = KVCacheManager(num_blocks=16, block_size=4, sliding_window=8)
+    req = request(list(range(30)))
+    assert kv.allocate_slots(req, 30)
+    req.num_computed_tokens = 30  # the next query (position 30) sees keys 23..30
+    assert kv.free_out_of_window(req) == 5  # blocks 0..4 hold positions 0..19
+    assert kv.num_held_blocks("r") == 3 and kv.num_free_blocks == 13
+    assert kv.block_ids("r")[:5] == [NULL_BLOCK.block_id] * 5  # positions kept
+    assert kv.free_out_of_window(req) == 0  # idempotent
+    kv.free(req)
+    assert kv.num_free_blocks == 16
+
+
+def test_full_attention_frees_nothing():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    req = request(list(range(30)))
+    assert kv.allocate_slots(req, 30)
+    req.num_computed_tokens = 30
+    assert kv.free_out_of_window(req) == 0 and kv.num_held_blocks("r") == 8
+
+
+def test_a_prefix_hit_never_reads_a_reallocated_block():
+    """The first request's early blocks are freed (still cached); once the pool hands them out
+    again their hashes are gone and a later identical prompt matches nothing past them."""
+    kv = KVCacheManager(num_blocks=10, block_size=4, sliding_window=8)
+    ids = list(range(100, 130))
+    first = request(ids, "a")
+    assert kv.allocate_slots(first, 30)
+    first.num_computed_tokens = 30
+    kv.cache_computed_blocks(first)
+    kv.free_out_of_window(first)
+    assert len(kv.find_cached_prefix(request(ids, "b"))) == 7  # freed but intact: still a hit
+    other = request(list(range(200, 220)), "c")
+    assert kv.allocate_slots(other, 20)  # takes the 2 never-used blocks, then freed ones
+    assert kv.find_cached_prefix(request(ids, "d")) == []  # block 0 was handed out: no match
+
+
+def test_a_long_request_holds_only_its_window(tiny_model_factory):
+    """A 120-token prompt in 16-token chunks and 40 new tokens on 4-token blocks: the request
+    never holds more than (W + chunk) / block_size + 1 blocks, and its tokens and logprobs are
+    transformers' (which attends within the window the same way)."""
+    torch.set_num_threads(1)
+    model_dir = tiny_model_factory("mistral")
+    ids = prompt(120, 9)
+    tokens, logprobs = reference(load_hf(model_dir), ids)  # 32 new tokens
+    llm = LLM(str(model_dir), block_size=4, num_blocks=64, max_batch_prefill_tokens=16)
+    try:
+        kv = llm.core.scheduler.kv
+        assert kv.sliding_window == 24
+        held, out_tokens, out_logprobs = [], [], []
+        engine_request = llm._request(ids, None, len(tokens), True)
+        llm.core.add_request(engine_request)
+        while llm.core.has_unfinished():  # step by step: prompt chunks and decodes
+            for delta in llm.core.step():
+                out_tokens += [t.token_id for t in delta.new_tokens]
+                out_logprobs += [t.logprob for t in delta.new_tokens]
+            held.append(64 - kv.num_free_blocks)
+        assert len(held) > 120 // 16 and max(held) <= (24 + 16) // 4 + 1, held
+        assert out_tokens == tokens
+        assert max(abs(a - b) for a, b in zip(out_logprobs, logprobs, strict=True)) < 2e-3
+        assert kv.num_free_blocks == 64
+    finally:
+        llm.close()

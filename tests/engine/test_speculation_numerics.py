@@ -1,0 +1,62 @@
+"""`--speculate` on real models leaves every output exactly as it is without it: greedy and seeded
+tokens and their log-probabilities, bit for bit, for an fp32 model, a GGUF model (int8
+activations) and each on-the-fly quantized method with its default numerics. Verify rows compute
+what decode rows compute (docs/KERNELS.md, row invariance), and seeded draws are keyed by the
+output index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytgi.messages.sampling_params import SamplingParams
+from pytgi.runtime.llm import LLM
+
+NEW_TOKENS = 32
+
+
+def _prompts() -> list[list[int]]:
+    """Repetitive prompts, so the n-gram proposer drafts (and is sometimes wrong)."""
+    g = torch.Generator().manual_seed(7)
+    motifs = [torch.randint(5, 384, (n,), generator=g).tolist() for n in (3, 4, 5)]
+    return [m * 6 + [9] for m in motifs] + [torch.randint(5, 384, (11,), generator=g).tolist()]
+
+
+def _run(model_id: str, speculate: int, **options) -> tuple[list, int]:
+    llm = LLM(model_id, block_size=16, num_blocks=64, speculate=speculate, **options)
+    try:
+        prompts = _prompts()
+        greedy = llm.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        params = [SamplingParams(temperature=0.9, seed=11 + i) for i in range(len(prompts))]
+        seeded = llm.generate(prompts, params, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        accepted = llm.core.stats().num_accepted_draft_tokens
+    finally:
+        llm.close()
+    return [(o.token_ids, o.logprobs) for o in greedy + seeded], accepted
+
+
+CASES = {
+    "fp32": {},
+    "eetq": {"quantize": "eetq"},
+    "eetq-int8": {"quantize": "eetq", "quantize_activations": "int8"},
+    "llm.int8": {"quantize": "bitsandbytes"},
+    "nf4": {"quantize": "bitsandbytes-nf4"},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculation_changes_nothing_on_the_fly(case, tiny_model_factory):
+    torch.set_num_threads(1)
+    model = str(tiny_model_factory("llama"))
+    plain, _ = _run(model, 0, **CASES[case])
+    spec, accepted = _run(model, 4, **CASES[case])
+    assert accepted > 0
+    assert spec == plain  # tokens and log-probabilities, exactly
+
+
+def test_speculation_changes_nothing_on_a_gguf_model(mixed_gguf):
+    torch.set_num_threads(1)
+    plain, _ = _run(str(mixed_gguf[0]), 0)
+    spec, accepted = _run(str(mixed_gguf[0]), 4)
+    assert accepted > 0
+    assert spec == plain

@@ -1,0 +1,70 @@
+"""Helpers for the vision-language parity tests: prompts with images built by pytgi's own image
+pipeline, and transformers' eager greedy generate on the same processor outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import numpy as np
+import torch
+from fixtures.images import data_uri, png_bytes
+
+from pytgi.messages.request import EngineRequest
+from pytgi.messages.sampling_params import SamplingParams, StoppingParams
+from pytgi.router.images.config import ImageConfig
+from pytgi.router.images.pipeline import ImagePipeline
+from pytgi.tokenizer.tokenizer import Tokenizer
+
+
+class VlmPrompts:
+    def __init__(self, model_dir):
+        self.tokenizer = Tokenizer.from_dir(model_dir)
+        self.pipeline = ImagePipeline.for_model(
+            model_dir, self.tokenizer.backend.token_to_id, ImageConfig()
+        )
+
+    def build(self, text: str, images: list[tuple[int, int, int]]):
+        """`text` with `{0}`, `{1}`... where images (width, height, seed) go -> (ids, inputs)."""
+        uris = [f"![]({data_uri(png_bytes(w, h, seed))})" for w, h, seed in images]
+        expanded, processed = asyncio.run(self.pipeline.expand(text.format(*uris)))
+        ids = self.tokenizer.encode(expanded, add_special_tokens=False).ids
+        return ids, self.pipeline.place(ids, processed)
+
+
+def engine_request(ids, images, max_new_tokens: int) -> EngineRequest:
+    stopping = StoppingParams(max_new_tokens=max_new_tokens, ignore_eos_token=True)
+    return EngineRequest(
+        uuid.uuid4().hex, list(ids), SamplingParams(), stopping, multimodal_inputs=images
+    )
+
+
+@torch.no_grad()
+def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens and each chosen token's logprob, on the same pixel values."""
+    kwargs = {}
+    if images:
+        for name in images[0].features:
+            arrays = [i.features[name] for i in images]
+            if arrays[0].ndim == 5:  # Llava-Next tiles [1, P, C, S, S]: padded to the most P
+                most = max(a.shape[1] for a in arrays)
+                pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
+                arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
+            kwargs[name] = torch.from_numpy(np.concatenate(arrays))
+        if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
+            kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
+    out = hf.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    logprobs = [
+        torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.scores, tokens, strict=True)
+    ]
+    return tokens, logprobs
