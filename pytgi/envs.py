@@ -57,7 +57,8 @@ def compute_type() -> str | None:
 
 
 def set_default_threading_env() -> None:
-    """OpenMP threads must not spin while waiting (cpu-kernels.md §7); set before torch loads."""
+    """OpenMP threads must not spin while waiting (a spinning thread takes the core another
+    process's thread needs on a small machine); set before torch loads."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -1,5 +1,5 @@
-"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts (contract
-§1.1-1.2).
+"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts
+(TGI_COMPATIBILITY.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""EngineCore: the step loop. `step()` = schedule → execute → update; keep it that short.
+"""EngineCore: the step loop. `step()` = schedule → execute → update; keep it that short. (A step
+with grammar rows also starts filling their token masks, which the executor waits for before it
+samples.)
 
 Single-threaded by design: requests and aborts arrive between steps (the clients queue them), so the
 scheduler's state never changes while a step runs.
@@ -75,14 +77,16 @@ class EngineCore:
         if scheduler_output.is_empty:
             self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)  # if only compiles are pending
             return rejected
+        masks = self.scheduler.fill_grammar_masks(scheduler_output)  # filled during the forward
         start = time.perf_counter()
         try:
-            model_output = self.executor.execute(scheduler_output)
+            model_output = self.executor.execute(scheduler_output, masks)
         except EngineDeadError:  # a shard is gone or out of step: no later step can run
             raise
         except Exception as exc:  # a failed forward fails its batch, not the engine
             logger.exception("step failed")
-            return rejected + self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            return rejected + self.scheduler.fail(scheduler_output, error, masks)
         self._record(scheduler_output, time.perf_counter() - start)
         return rejected + self.scheduler.update(scheduler_output, model_output)
 

@@ -70,8 +70,10 @@ def engine_config(
             allow_pickle_weights=allow_pickle_weights,
             quantize=quantize,
             gguf_file=gguf_file,
-            **{**envs.model_fields(), "quantize_activations": quantize_activations
-               or envs.quant_activations()},
+            **{
+                **envs.model_fields(),
+                "quantize_activations": quantize_activations or envs.quant_activations(),
+            },
         ),
         cache=CacheConfig(
             block_size=block_size,

@@ -28,7 +28,7 @@ from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
 from pytgi.layers.rotary import RotaryEmbedding
-from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
+from pytgi.messages.outputs import ModelOutput, PendingMasks, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.models.multimodal import is_multimodal
@@ -229,8 +229,11 @@ class ModelRunner:
     # ---- steps --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        """Rank 0: run the step (sending its inputs to the other ranks first) and sample."""
+    def execute(
+        self, scheduler_output: SchedulerOutput, grammar_masks: PendingMasks | None = None
+    ) -> ModelOutput:
+        """Rank 0: run the step (sending its inputs to the other ranks first) and sample, once
+        the step's grammar masks (filled by the engine while the forward runs) are in."""
         self.states.update(scheduler_output)
         for request_id in scheduler_output.freed_request_ids:
             self._next_prompt_logprob.pop(request_id, None)
@@ -243,8 +246,8 @@ class ModelRunner:
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
-        if scheduler_output.grammar_masks_ready is not None:
-            scheduler_output.grammar_masks_ready()  # filled by the engine during the forward
+        if grammar_masks is not None:
+            grammar_masks.wait()
         sampled = self.sampler(logits.float(), plan.sample_rows)
         return ModelOutput(
             sampled=accept_drafts(plan, sampled),

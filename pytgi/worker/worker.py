@@ -17,7 +17,6 @@ from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.comm import tp_barrier, tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
 from pytgi.errors import ModelLoadError, PytgiError
-from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 from pytgi.worker.model_runner import ModelRunner
 from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
@@ -108,9 +107,6 @@ class Worker:
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
         )
-
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        return self.runner.execute(scheduler_output)
 
     def shutdown(self) -> None:
         self.runner.free_kv_cache()

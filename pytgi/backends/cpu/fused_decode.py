@@ -118,7 +118,7 @@ class FusedDecodeStack(DecodeAccelerator):
             eps=spec.norm_eps,
             scale=spec.attention_scale,
             residual_multiplier=spec.residual_multiplier,
-            layer_norm=spec.norm == "layer",
+            layer_norm=spec.norm == "layer",  # the spec's str-valued Norm
             block=BLOCKS.index(spec.block),
             activation=ACTIVATIONS[spec.hidden_act],
             gated=spec.mlp_gated,
