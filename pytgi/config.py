@@ -24,6 +24,49 @@ DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
+class LoRAAdapter:
+    """One `--lora-adapters` entry: `id`, `id@revision` (a hub repo) or `id=path` (a directory).
+    `source` is the hub repo id or the directory; requests name the adapter by `id`."""
+
+    id: str
+    source: str
+    revision: str | None = None
+
+
+def parse_lora_adapters(text: str | None) -> tuple[LoRAAdapter, ...]:
+    """TGI's `--lora-adapters` syntax: comma-separated `id`, `id@revision` or `id=path`."""
+    adapters: list[LoRAAdapter] = []
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        if "=" in item:
+            adapter_id, path = (s.strip() for s in item.split("=", 1))
+            adapter = LoRAAdapter(adapter_id, path)
+        elif "@" in item:
+            repo, revision = item.split("@", 1)
+            adapter = LoRAAdapter(repo, repo, revision or None)
+        else:
+            adapter = LoRAAdapter(item, item)
+        if not adapter.id or not adapter.source:
+            raise ConfigError(f"--lora-adapters: cannot read the entry '{item}'")
+        if any(a.id == adapter.id for a in adapters):
+            raise ConfigError(f"--lora-adapters: the adapter id '{adapter.id}' is given twice")
+        adapters.append(adapter)
+    return tuple(adapters)
+
+
+@dataclass(frozen=True)
+class SpeculatorConfig:
+    """A trained speculator found at `--model-id` (TGI detects it from its config.json): Medusa
+    heads (`medusa_num_heads`) or IBM's MLP speculator (`model_type: mlp_speculator`); the model
+    served is the checkpoint's `base_model_name_or_path`."""
+
+    kind: str  # "medusa" or "mlp_speculator"
+    path: str  # the local directory holding the speculator's config.json and weights
+    num_heads: int  # draft tokens it can propose per step (medusa_num_heads, n_predict)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_id: str
     revision: str | None = None
@@ -49,6 +92,9 @@ class ModelConfig:
     # where pytgi keeps files it derives from models (a GGUF file's config and tokenizer):
     # PYTGI_CACHE_DIR; None: nowhere (a GGUF model then cannot be prepared)
     cache_dir: str | None = None
+    # --lora-adapters, in order (the engine gives the k-th adapter slot k + 1; 0 is the base)
+    lora_adapters: tuple[LoRAAdapter, ...] = ()
+    speculator: SpeculatorConfig | None = None  # trained draft heads (Medusa, MLP speculator)
     # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
     # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
     quantize_activations: str | None = None
@@ -100,7 +146,9 @@ class SchedulerConfig:
     max_batch_total_tokens: int | None = None  # KV budget in tokens; None = from memory
     max_batch_size: int | None = None  # max running requests; None = unbounded (KV-limited)
     enable_chunked_prefill: bool = True
-    num_speculative_tokens: int = 0  # --speculate: n-gram draft tokens verified per decode step
+    num_speculative_tokens: int = 0  # --speculate: draft tokens verified per decode step
+    # drafts come from the workers' trained speculator (ModelOutput.draft_ids), not n-gram lookup
+    model_drafts: bool = False
 
     def __post_init__(self):
         if self.num_speculative_tokens < 0:
@@ -186,6 +234,7 @@ class CacheInfo:
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)
+    lora_adapters: tuple[str, ...] = ()  # the ids of the LoRA adapters the engine loaded
 
 
 @dataclass(frozen=True)

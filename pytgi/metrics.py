@@ -160,6 +160,20 @@ pytgi_prefix_cache_hit_tokens = EngineCounter(
     "pytgi_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache"
 )
 pytgi_preemptions = EngineCounter("pytgi_preemptions", "Requests preempted to free KV blocks")
+pytgi_speculative_draft_tokens = EngineCounter(
+    "pytgi_speculative_draft_tokens", "Draft tokens verified (--speculate)"
+)
+pytgi_speculative_accepted_tokens = EngineCounter(
+    "pytgi_speculative_accepted_tokens", "Draft tokens the target model accepted"
+)
+pytgi_speculative_acceptance_rate = Gauge(
+    "pytgi_speculative_acceptance_rate", "Accepted / verified draft tokens", registry=REGISTRY
+)
+pytgi_speculative_tokens_per_step = Gauge(
+    "pytgi_speculative_tokens_per_step",
+    "Tokens a request gained per step that verified drafts (1 + accepted drafts)",
+    registry=REGISTRY,
+)
 pytgi_aborted_requests = EngineCounter("pytgi_aborted_requests", "Requests aborted in the engine")
 pytgi_engine_forward_time = EngineCounter(
     "pytgi_engine_forward_time", "Cumulative seconds spent in model forward passes"
@@ -201,6 +215,12 @@ def refresh(stats: EngineStats, max_batch_total_tokens: int | None = None) -> No
     pytgi_prefix_cache_hit_tokens.set_total(hit)
     pytgi_prefix_cache_hit_rate.set(hit / queried if queried else 0.0)
     pytgi_preemptions.set_total(stats.num_preemptions)
+    drafts, accepted = stats.num_draft_tokens, stats.num_accepted_draft_tokens
+    pytgi_speculative_draft_tokens.set_total(drafts)
+    pytgi_speculative_accepted_tokens.set_total(accepted)
+    pytgi_speculative_acceptance_rate.set(accepted / drafts if drafts else 0.0)
+    steps = stats.num_draft_steps
+    pytgi_speculative_tokens_per_step.set((steps + accepted) / steps if steps else 0.0)
     pytgi_aborted_requests.set_total(stats.num_aborts)
     pytgi_engine_forward_time.set_total(stats.forward_time_s)
 

@@ -22,6 +22,7 @@ from pytgi.config import (
     ParallelConfig,
     SchedulerConfig,
     ServerConfig,
+    parse_lora_adapters,
 )
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
@@ -50,6 +51,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        lora_adapters=parse_lora_adapters(getattr(args, "lora_adapters", None)),
         quantize_activations=getattr(args, "quantize_activations", None)
         or envs.quant_activations(),
         cache_dir=envs.cache_dir(),
@@ -132,6 +134,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             max_batch_size=args.max_batch_size,
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(

@@ -252,7 +252,11 @@ SERVER_FLAGS = [
         "OpenTelemetry service name",
         default="text-generation-inference.router",
     ),
-    Flag("--lora-adapters", "LoRA adapters (not supported yet)"),
+    Flag(
+        "--lora-adapters",
+        "LoRA adapters (PEFT format) served next to the base model: comma-separated `id`, "
+        "`id@revision` (hub repos) or `id=path`; a request picks one by `adapter_id` or `model`",
+    ),
     Flag("--usage-stats", "Telemetry (pytgi sends none)", default="off"),
     Flag("--shard-uds-path", "Accepted for compatibility", default="/tmp/text-generation-server"),
     Flag("--weights-cache-override", "Alternate weights location"),

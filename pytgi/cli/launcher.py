@@ -50,12 +50,18 @@ def serve(args: argparse.Namespace) -> int:
 
 def start_engine_and_router(args: argparse.Namespace):
     from pytgi.engine.multiproc_client import MultiprocEngineClient
-    from pytgi.models.resolve import resolve_model
+    from pytgi.models.resolve import resolve_model, resolve_speculator
     from pytgi.router.infer import Infer
     from pytgi.runtime.build import build_engine_core
     from pytgi.tokenizer.tokenizer import Tokenizer
 
     model = configs.model_config(args)
+    # a Medusa / MLP-speculator checkpoint: serve its base model, speculate with its heads
+    model, args.speculate = resolve_speculator(model, args.speculate)
+    if model.speculator is not None:
+        logger.info(
+            "Using speculation %s with %d input ids.", model.speculator.kind, args.speculate
+        )
     engine_cfg = configs.engine_config(args, model)
     start = time.perf_counter()
     checks = dict(

@@ -35,6 +35,7 @@ class EngineStats:
     num_decode_tokens: int = 0
     num_draft_tokens: int = 0  # speculative tokens verified (--speculate)
     num_accepted_draft_tokens: int = 0
+    num_draft_steps: int = 0  # request-steps that verified at least one draft
     forward_time_s: float = 0.0  # cumulative time in Executor.execute
 
     @property

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
@@ -51,12 +53,16 @@ class EngineCore:
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
 
     @classmethod
-    def start(cls, config: EngineConfig, executor: Executor) -> EngineCore:
+    def start(
+        cls, config: EngineConfig, executor: Executor, model_dir: Callable[[], Path]
+    ) -> EngineCore:
         """Initialise `executor` (load, warm up, size the KV cache) and build the engine around
-        it. Whoever builds the engine chooses the executor (pytgi.runtime.build_engine_core)."""
+        it. Whoever builds the engine chooses the executor and says where the model's local
+        directory is (`model_dir()`: its tokenizer serves the grammars)
+        (pytgi.runtime.build_engine_core)."""
         cache_info = executor.initialize()
         try:
-            grammar = GrammarManager.from_config(config, cache_info.vocab_size)
+            grammar = GrammarManager.from_config(config, cache_info.vocab_size, model_dir)
         except BaseException:
             executor.shutdown()
             raise
@@ -117,6 +123,7 @@ class EngineCore:
         stats.num_aborts = scheduler.num_aborts
         stats.num_draft_tokens = scheduler.num_draft_tokens
         stats.num_accepted_draft_tokens = scheduler.num_accepted_draft_tokens
+        stats.num_draft_steps = scheduler.num_draft_steps
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:

@@ -18,8 +18,10 @@ then, so importing pytgi.engine loads neither llguidance nor torch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytgi.config import EngineConfig, GrammarConfig
@@ -42,13 +44,16 @@ class GrammarManager:
         self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="pytgi-masks")
 
     @classmethod
-    def from_config(cls, config: EngineConfig, vocab_size: int) -> GrammarManager | None:
-        """The manager for this engine's tokenizer, or None when grammars are off or the grammar
-        engine cannot read the tokenizer (then the engine does not report the capability)."""
+    def from_config(
+        cls, config: EngineConfig, vocab_size: int, model_dir: Callable[[], Path]
+    ) -> GrammarManager | None:
+        """The manager for this engine's tokenizer (in `model_dir()`, the model's local
+        directory), or None when grammars are off or the grammar engine cannot read the tokenizer
+        (then the engine does not report the capability)."""
         if config.grammar is None:
             return None
         try:
-            vocab = load_vocab(config, vocab_size)
+            vocab = load_vocab(config, vocab_size, model_dir())
         except Exception as exc:  # e.g. a tokenizer without EOS, a vocabulary wider than the model
             logger.warning("constrained decoding is off: the grammar engine cannot use the "
                            "tokenizer (%s: %s)", type(exc).__name__, exc)  # fmt: skip
@@ -129,14 +134,11 @@ class MaskFill:
         return self._future.done()
 
 
-def load_vocab(config: EngineConfig, vocab_size: int) -> GrammarVocab:
+def load_vocab(config: EngineConfig, vocab_size: int, model_dir: Path) -> GrammarVocab:
     """The grammar engine's vocabulary from the model's tokenizer, as wide as its logits."""
     from pytgi.grammar import GrammarVocab
     from pytgi.tokenizer.tokenizer import Tokenizer
-    from pytgi.utils.hub import resolve_model_dir
 
     model = config.model
-    tokenizer = Tokenizer.from_dir(
-        resolve_model_dir(model), config_path=model.tokenizer_config_path
-    )
+    tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     return GrammarVocab.from_tokenizer(tokenizer, vocab_size or None)

@@ -147,7 +147,8 @@ class KVCacheManager:
             return hashes
         bs = self.block_size
         for i in range(len(hashes), num_full):
-            parent = hashes[-1] if hashes else None
+            # a LoRA adapter changes every layer's K/V: its first block chains from the adapter id
+            parent = hashes[-1] if hashes else _root(request)
             tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
             images = _images_in(request, i * bs, (i + 1) * bs)
             hashes.append(hash_block(parent, tokens + images if images else tokens))
@@ -160,3 +161,7 @@ def _images_in(request: Request, start: int, end: int) -> tuple[str, ...]:
     return tuple(
         mm.content_hash for mm in request.multimodal_inputs if mm.offset < end and mm.end > start
     )
+
+
+def _root(request: Request) -> BlockHash | None:
+    return None if request.adapter_id is None else hash(("lora", request.adapter_id))

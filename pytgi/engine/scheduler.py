@@ -57,15 +57,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self.proposer = (
-            NgramProposer(config.num_speculative_tokens) if config.num_speculative_tokens else None
-        )
+        ngram = config.num_speculative_tokens and not config.model_drafts
+        self.proposer = NgramProposer(config.num_speculative_tokens) if ngram else None
         self._freed_ids: list[str] = []
         self._rejected: list[RequestOutput] = []  # grammar failures, reported with the next step
         self.num_preemptions = 0
         self.num_aborts = 0
         self.num_draft_tokens = 0
         self.num_accepted_draft_tokens = 0
+        self.num_draft_steps = 0  # request-steps that verified drafts
 
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -247,6 +247,7 @@ class Scheduler:
             num_accepted = max(len(tokens) - 1, 0)  # drafts kept; the last token is new
             self.num_draft_tokens += len(scheduled.draft_ids)
             self.num_accepted_draft_tokens += num_accepted
+            self.num_draft_steps += bool(scheduled.draft_ids)
             request.num_computed_tokens += scheduled.num_tokens + num_accepted
             request.draft_ids = []
             self.kv.cache_computed_blocks(request)
@@ -269,15 +270,20 @@ class Scheduler:
             if reason is not None:
                 self.running.remove(request)
                 self._finish(request, reason)
-            elif self.proposer is not None:
+            elif self.config.model_drafts or self.proposer is not None:
                 room = request.stopping.max_new_tokens - request.num_output_tokens - 1
-                request.draft_ids = self._propose(request, room)
+                proposed = model_output.draft_ids.get(request.request_id, [])
+                request.draft_ids = self._propose(request, room, proposed)
         return deltas
 
-    def _propose(self, request: Request, room: int) -> list[int]:
-        """Draft tokens for the next step; a grammar request's are cut at the first one its
-        grammar forbids, so every verified row has a mask and the matcher never rolls back."""
-        drafts = self.proposer.propose(request, room)
+    def _propose(self, request: Request, room: int, proposed: list[int]) -> list[int]:
+        """Draft tokens for the next step: the trained speculator's (`proposed`, from the
+        workers) or n-gram lookup's; a grammar request's are cut at the first one its grammar
+        forbids, so every verified row has a mask and the matcher never rolls back."""
+        if self.config.model_drafts:
+            drafts = proposed[: max(room, 0)]
+        else:
+            drafts = self.proposer.propose(request, room)
         if drafts and request.grammar is not None:
             drafts = drafts[: request.grammar.count_valid(drafts)]
         return drafts

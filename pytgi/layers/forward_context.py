@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytgi.backends.base import FusedLayers, KVCache
+from pytgi.layers.lora import LoRABatch
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ForwardContext:
     attn_metadata: Any  # the attention backend's per-step metadata
     kv_caches: dict[str, KVCache]  # attention layer name -> its cache
     fused_layers: FusedLayers | None = None  # the accelerator's decoder stack for this step
+    lora: LoRABatch | None = None  # the rows of the step that run a LoRA adapter
 
 
 _CONTEXT: ContextVar[ForwardContext | None] = ContextVar("pytgi_forward_context", default=None)
@@ -30,11 +32,14 @@ _CONTEXT: ContextVar[ForwardContext | None] = ContextVar("pytgi_forward_context"
 
 @contextmanager
 def forward_context(
-    attn_metadata: Any, kv_caches: dict[str, KVCache], fused_layers: FusedLayers | None = None
+    attn_metadata: Any,
+    kv_caches: dict[str, KVCache],
+    fused_layers: FusedLayers | None = None,
+    lora: LoRABatch | None = None,
 ) -> Iterator[ForwardContext]:
     if _CONTEXT.get() is not None:
         raise RuntimeError("forward_context does not nest")
-    context = ForwardContext(attn_metadata, kv_caches, fused_layers)
+    context = ForwardContext(attn_metadata, kv_caches, fused_layers, lora)
     token = _CONTEXT.set(context)
     try:
         yield context
@@ -47,3 +52,9 @@ def get_forward_context() -> ForwardContext:
     if context is None:
         raise RuntimeError("a layer ran outside a forward_context")
     return context
+
+
+def current_lora_batch() -> LoRABatch | None:
+    """The step's LoRA rows; None outside a forward (a layer called on its own) or without any."""
+    context = _CONTEXT.get()
+    return context.lora if context is not None else None

@@ -15,6 +15,8 @@ from torch import nn
 from pytgi.distributed.comm import tp_all_reduce
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
+from pytgi.layers.forward_context import current_lora_batch
+from pytgi.layers.lora import LoRAWeights, add_lora
 from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
 from pytgi.layers.quantization.unquantized import UnquantizedLinearMethod
 
@@ -70,12 +72,21 @@ class LinearBase(nn.Module):
                 torch.empty(self.output_size, dtype=params_dtype), requires_grad=False
             )
             set_weight_attrs(self.bias, weight_loader=self.weight_loader, output_dim=0)
+        # LoRA adapter slot -> this rank's A/B (layers/lora.py); empty without adapters
+        self.lora_adapters: dict[int, LoRAWeights] = {}
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError
 
+    def with_lora(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out_local] plus the LoRA deltas of the step's adapter rows."""
+        if not self.lora_adapters:
+            return y
+        batch = current_lora_batch()
+        return y if batch is None else add_lora(self.lora_adapters, batch, x, y)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)  # [T, out_per_partition]
+        return self.with_lora(x, self.quant_method.apply(self, x, self.bias))  # [T, out_local]
 
 
 class ReplicatedLinear(LinearBase):
@@ -251,6 +262,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.world_size == 1:
-            return self.quant_method.apply(self, x, self.bias)  # [T, out]
-        y = tp_all_reduce(self.quant_method.apply(self, x))  # [T, out]
+            return self.with_lora(x, self.quant_method.apply(self, x, self.bias))  # [T, out]
+        y = tp_all_reduce(self.with_lora(x, self.quant_method.apply(self, x)))  # [T, out]
         return y + self.bias if self.bias is not None else y

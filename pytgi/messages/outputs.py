@@ -112,6 +112,8 @@ class ModelOutput:
 
     sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
     prefill_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    # a trained speculator's draft tokens after each request's newest token (for the next step)
+    draft_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 class ErrorKind(str, enum.Enum):

@@ -12,9 +12,10 @@ Torch-free: the launcher calls it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from pytgi.config import ModelConfig
+from pytgi.config import LoRAAdapter, ModelConfig
 from pytgi.models.gguf.files import find_gguf_file, tgi_form_file
 from pytgi.models.gguf.prepared import TOKENIZER_FILES, prepared_dir, with_tokenizer
 from pytgi.utils import hub
@@ -46,3 +47,61 @@ def _tokenizer_dir(model: ModelConfig) -> Path | None:
     if "tokenizer.json" not in hub.list_repo_files(model):
         return None
     return resolve_model_dir(model, allow_patterns=list(TOKENIZER_FILES))
+
+
+ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def resolve_adapter(adapter: LoRAAdapter, model: ModelConfig) -> Path:
+    """A `--lora-adapters` entry's local directory: the given path, or the hub repo's snapshot
+    (its adapter config and safetensors weights, at the entry's revision)."""
+    hub = replace(model, model_id=adapter.source, revision=adapter.revision, gguf_file=None)
+    return resolve_model_dir(hub, allow_patterns=ADAPTER_PATTERNS)
+
+
+MEDUSA_WEIGHTS = "medusa_lm_head.safetensors"
+
+
+def resolve_speculator(model: ModelConfig, speculate: int | None) -> tuple[ModelConfig, int | None]:
+    """TGI's speculator detection: when `--model-id`'s config.json has `medusa_num_heads` (Medusa)
+    or `model_type: mlp_speculator`, the served model is its `base_model_name_or_path` and the
+    speculator rides along; `--speculate` defaults to its number of heads and may not exceed it.
+    Returns the model to serve and the number of draft tokens (`speculate` unchanged otherwise)."""
+    import json
+
+    from pytgi.config import SpeculatorConfig
+    from pytgi.errors import ConfigError
+
+    if find_gguf_file(model, model.gguf_file) is not None:
+        return model, speculate
+    config_dir = resolve_model_dir(model, allow_patterns=["config.json"])
+    config_path = config_dir / "config.json"
+    raw = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if "medusa_num_heads" in raw:
+        kind, heads, patterns = (
+            "medusa",
+            int(raw["medusa_num_heads"]),
+            ["config.json", MEDUSA_WEIGHTS],
+        )
+    elif raw.get("model_type") == "mlp_speculator":
+        kind, heads, patterns = (
+            "mlp_speculator",
+            int(raw["n_predict"]),
+            ["config.json", "*.safetensors"],
+        )
+    else:
+        return model, speculate
+    if speculate is not None and speculate > heads:
+        raise ConfigError(
+            f"Speculate is set to `{speculate}` but this {kind} models only has `{heads}` heads, "
+            "please make them match"
+        )
+    directory = resolve_model_dir(model, allow_patterns=patterns)
+    base = raw.get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(
+            f"the {kind} checkpoint {model.model_id} names no base_model_name_or_path"
+        )
+    speculator = SpeculatorConfig(kind, str(directory), heads)
+    served = replace(model, model_id=base, revision=None, speculator=speculator)
+    return served, heads if speculate is None else speculate

@@ -67,6 +67,7 @@ class ValidRequest:
             sampling,
             self.stopping,
             multimodal_inputs=self.multimodal_inputs,
+            adapter_id=self.adapter_id,
         )
 
 
@@ -94,6 +95,7 @@ class Validator:
         self.disable_grammar_support = disable_grammar_support
         self.engine_supports_grammar = engine_supports_grammar
         self.grammar_config = grammar_config or GrammarConfig()
+        self.lora_adapters = cache_info.lora_adapters
 
     def check_best_of(self, params: GenerateParameters, *, stream: bool = False) -> int:
         """The checks TGI runs before taking a permit (TGI_COMPATIBILITY.md §11 step 1, §7)."""
@@ -117,6 +119,7 @@ class Validator:
     ) -> ValidRequest:
         """Parameter checks in TGI's order, then tokenization and the token limits."""
         best_of = params.best_of or 1
+        self._check_adapter(params.adapter_id)
         sampling = self._sampling_params(params, best_of)
         self._check_stop_and_top_n(params, best_of)
         if inputs == "":
@@ -143,6 +146,14 @@ class Validator:
             adapter_id=params.adapter_id,
             multimodal_inputs=multimodal,
         )
+
+    def _check_adapter(self, adapter_id: str | None) -> None:
+        """An explicit `adapter_id` must name a loaded adapter (TGI would silently serve the
+        base model; the chat `model` field keeps TGI's fallback, the routes resolve it)."""
+        if adapter_id is None or adapter_id in self.lora_adapters:
+            return
+        loaded = ", ".join(self.lora_adapters) or "none"
+        raise input_error(f"`adapter_id` '{adapter_id}' is not a loaded adapter (loaded: {loaded})")
 
     async def _encode_with_images(
         self, inputs: str, truncate: int | None, add_special_tokens: bool

@@ -4,15 +4,18 @@ executor that runs its steps (one rank in this process, or tensor-parallel ranks
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pytgi import envs
 from pytgi.config import (
     CacheConfig,
     EngineConfig,
     GrammarConfig,
+    LoRAAdapter,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    parse_lora_adapters,
 )
 from pytgi.engine.engine_core import EngineCore
 
@@ -24,9 +27,12 @@ def build_engine_core(
 
     `on_rank_death(message)`: called once, from another thread, if a tensor-parallel rank dies (at
     start-up too), so the caller can report it before the next step fails."""
+    from pytgi.models.resolve import resolve_model
     from pytgi.worker.executor import create_executor  # torch: not in the API process
 
-    return EngineCore.start(config, create_executor(config, on_rank_death))
+    # a GGUF file (the offline API takes its path) has its tokenizer in its prepared directory
+    model_dir = partial(resolve_model, config.model)
+    return EngineCore.start(config, create_executor(config, on_rank_death), model_dir)
 
 
 def engine_config(
@@ -51,30 +57,42 @@ def engine_config(
     gguf_file: str | None = None,
     quantize_activations: str | None = None,
     kv_cache_dtype: str | None = None,
+    lora_adapters: str | tuple[LoRAAdapter, ...] = (),
 ) -> EngineConfig:
     """An EngineConfig from keyword options (the offline API's defaults match `pytgi serve`).
 
     `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
-    (True), or off (False: no vocabulary is built; grammar requests fail)."""
+    (True), or off (False: no vocabulary is built; grammar requests fail).
+    `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
+    one with `EngineRequest.adapter_id` (`LLM.generate(..., adapter_ids=...)`).
+    A Medusa / MLP-speculator checkpoint serves its base model with its heads drafting (`speculate`
+    0: as many drafts as heads)."""
+    from pytgi.models.resolve import resolve_speculator
+
     if model_id is None:
         from pytgi.demo_model import demo_model_path
 
         model_id = demo_model_path()
+    if isinstance(lora_adapters, str):
+        lora_adapters = parse_lora_adapters(lora_adapters)
+    model = ModelConfig(
+        model_id=model_id,
+        revision=revision,
+        dtype=dtype,
+        implementation=implementation,
+        trust_remote_code=trust_remote_code,
+        allow_pickle_weights=allow_pickle_weights,
+        quantize=quantize,
+        gguf_file=gguf_file,
+        lora_adapters=tuple(lora_adapters),
+        **{
+            **envs.model_fields(),
+            "quantize_activations": quantize_activations or envs.quant_activations(),
+        },
+    )
+    model, speculate = resolve_speculator(model, speculate or None)
     return EngineConfig(
-        model=ModelConfig(
-            model_id=model_id,
-            revision=revision,
-            dtype=dtype,
-            implementation=implementation,
-            trust_remote_code=trust_remote_code,
-            allow_pickle_weights=allow_pickle_weights,
-            quantize=quantize,
-            gguf_file=gguf_file,
-            **{
-                **envs.model_fields(),
-                "quantize_activations": quantize_activations or envs.quant_activations(),
-            },
-        ),
+        model=model,
         cache=CacheConfig(
             block_size=block_size,
             num_blocks=num_blocks,
@@ -85,7 +103,8 @@ def engine_config(
             max_batch_prefill_tokens=max_batch_prefill_tokens,
             max_batch_total_tokens=max_batch_total_tokens,
             max_batch_size=max_batch_size,
-            num_speculative_tokens=speculate,
+            num_speculative_tokens=speculate or 0,
+            model_drafts=model.speculator is not None,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard, **envs.parallel_fields()),

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from pytgi.config import ModelConfig
+from pytgi.config import EngineConfig, ModelConfig
 from pytgi.messages.outputs import RequestOutput
 from pytgi.messages.request import EngineRequest, FinishReason
 from pytgi.messages.sampling_params import SamplingParams, StoppingParams
@@ -41,6 +41,15 @@ class LLM:
         self.core = build_engine_core(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over a ready EngineConfig (options `engine_config` does not take)."""
+        llm = cls.__new__(cls)
+        llm.config = config
+        llm.core = build_engine_core(config)
+        llm.tokenizer = _load_tokenizer(config.model)
+        return llm
+
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
@@ -48,13 +57,17 @@ class LLM:
         *,
         max_new_tokens: int = 20,
         ignore_eos: bool = False,
+        adapter_ids: str | list[str | None] | None = None,
     ) -> list[GenerationOutput]:
-        """Run every prompt to completion, batched continuously; results in prompt order."""
+        """Run every prompt to completion, batched continuously; results in prompt order.
+        `adapter_ids`: the LoRA adapter of every prompt (one id for all, or one per prompt)."""
         prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompt_list)
+        if not isinstance(adapter_ids, list):
+            adapter_ids = [adapter_ids] * len(prompt_list)
         requests = [
-            self._request(prompt, sampling, max_new_tokens, ignore_eos)
-            for prompt, sampling in zip(prompt_list, params_list, strict=True)
+            replace(self._request(prompt, sampling, max_new_tokens, ignore_eos), adapter_id=adapter)
+            for prompt, sampling, adapter in zip(prompt_list, params_list, adapter_ids, strict=True)
         ]
         return self.run(requests)
 

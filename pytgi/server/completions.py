@@ -92,7 +92,7 @@ def _choice(index: int, gen: Generation) -> dict[str, Any]:
 async def completions_json(
     ctx: ServerContext, req: CompletionRequest, grammar: GrammarParam | None
 ) -> JSONBody:
-    params = req.generate_parameters(grammar)
+    params = req.generate_parameters(grammar, ctx.lora_adapters)
     prompts = req.prompts
     gens = await gather_or_cancel([ctx.infer.generate(p, params) for p in prompts])
     totals = HeaderTotals(compute_characters=sum(len(p) for p in prompts))
@@ -116,7 +116,7 @@ def completion_frames(
 async def _event_frames(
     ctx: ServerContext, req: CompletionRequest, grammar: GrammarParam | None
 ) -> AsyncIterator[str]:
-    params = req.generate_parameters(grammar)
+    params = req.generate_parameters(grammar, ctx.lora_adapters)
     bodies = CompletionBodies(ctx)
     merged = merge_streams([ctx.infer.generate_stream(p, params) for p in req.prompts])
     try:

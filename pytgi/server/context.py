@@ -47,6 +47,11 @@ class ServerContext:
         return self.model_info.get("model_id") or self.config.model_id
 
     @property
+    def lora_adapters(self) -> tuple[str, ...]:
+        """The ids of the LoRA adapters the engine serves (chat `model` and `adapter_id` values)."""
+        return self.cache_info.lora_adapters
+
+    @property
     def compute_type(self) -> str:
         return self.model_info.get("compute_type") or DEFAULT_COMPUTE_TYPE
 
@@ -93,6 +98,7 @@ class ServerContext:
                 "bytes_per_token": cache.kv_bytes_per_token,
                 "device": cache.device,
             },
+            **({"lora_adapters": list(self.lora_adapters)} if self.lora_adapters else {}),
             **{k: self.model_info[k] for k in MODEL_KEYS if self.model_info.get(k)},
         )
 

@@ -120,9 +120,12 @@ class ChatRequest(WireRequest):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def generate_parameters(self, grammar: GrammarParam | None) -> GenerateParameters:
+    def generate_parameters(
+        self, grammar: GrammarParam | None, adapters: tuple[str, ...] = ()
+    ) -> GenerateParameters:
         """TGI's chat → generate mapping (TGI_COMPATIBILITY.md §8), including
-        `presence_penalty + 2.0`."""
+        `presence_penalty + 2.0`; `model` picks a LoRA adapter among `adapters` (any other name:
+        the base model)."""
         repetition = None if self.presence_penalty is None else self.presence_penalty + 2.0
         max_tokens = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
         return GenerateParameters(
@@ -136,6 +139,7 @@ class ChatRequest(WireRequest):
             top_n_tokens=self.top_logprobs,
             details=True,
             grammar=grammar,
+            adapter_id=self.model if self.model in adapters else None,
         )
 
     def message_dicts(self) -> list[dict[str, Any]]:
@@ -175,7 +179,9 @@ class CompletionRequest(WireRequest):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def generate_parameters(self, grammar: GrammarParam | None = None) -> GenerateParameters:
+    def generate_parameters(
+        self, grammar: GrammarParam | None = None, adapters: tuple[str, ...] = ()
+    ) -> GenerateParameters:
         return GenerateParameters(
             **_temperature_params(self.temperature),
             frequency_penalty=self.frequency_penalty,
@@ -186,6 +192,7 @@ class CompletionRequest(WireRequest):
             seed=self.seed,
             details=True,
             grammar=grammar,
+            adapter_id=self.model if self.model in adapters else None,
         )
 
 

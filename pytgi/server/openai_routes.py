@@ -67,7 +67,7 @@ def _no_tool_request(req: ChatRequest) -> ChatRequest:
 
 
 async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> JSONBody:
-    params = req.generate_parameters(prompt.grammar)
+    params = req.generate_parameters(prompt.grammar, ctx.lora_adapters)
     gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
     tool_call = None
     if prompt.uses_tools:
@@ -86,14 +86,14 @@ async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) ->
 
 async def _generate_plain(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> Generation:
     metrics.tgi_request_count.inc()
-    params = req.generate_parameters(prompt.grammar)
+    params = req.generate_parameters(prompt.grammar, ctx.lora_adapters)
     return await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
 
 
 async def _content_frames(
     ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt, chunks: ChatChunks
 ) -> AsyncIterator[str]:
-    params = req.generate_parameters(prompt.grammar)
+    params = req.generate_parameters(prompt.grammar, ctx.lora_adapters)
     stream = ctx.infer.generate_stream(prompt.text, params, add_special_tokens=False)
     final: StreamDetails | None = None
     try:
@@ -111,7 +111,7 @@ async def _tool_frames(
 ) -> AsyncIterator[str]:
     """Stream the call's arguments as they come; if the text never takes TGI's streamable form
     (grammar not enforced), parse it whole at the end as the router does."""
-    params = req.generate_parameters(prompt.grammar)
+    params = req.generate_parameters(prompt.grammar, ctx.lora_adapters)
     stream = ctx.infer.generate_stream(prompt.text, params, add_special_tokens=False)
     streamer = ToolCallStreamer()
     call_id = stream_tool_call_id(req.message_dicts())
@@ -194,5 +194,6 @@ async def post_chat_tokenize(req: ChatRequest, ctx: ServerContext = Depends(get_
 
 @router.get("/v1/models", operation_id="openai_get_model_info")
 async def get_models(ctx: ServerContext = Depends(get_context)) -> dict[str, Any]:
-    model = {"id": ctx.model_id, "object": "model", "created": 0, "owned_by": ctx.model_id}
-    return {"object": "list", "data": [model]}
+    ids = [ctx.model_id, *ctx.lora_adapters]  # a LoRA adapter is picked by `model`
+    models = [{"id": i, "object": "model", "created": 0, "owned_by": ctx.model_id} for i in ids]
+    return {"object": "list", "data": models}

@@ -52,7 +52,7 @@ async def _predict(ctx: ServerContext, instance: dict[str, Any]) -> str:
     if "messages" in instance:
         chat = parse_body(ChatRequest, instance)
         prompt = await render(ctx, chat)
-        params = chat.generate_parameters(prompt.grammar)
+        params = chat.generate_parameters(prompt.grammar, ctx.lora_adapters)
         gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
         return gen.generated_text
     req = parse_body(VertexGenerateInstance, instance)

@@ -30,6 +30,9 @@ class ForwardInputs:
     attn: AttentionBatch
     logits_indices: torch.Tensor  # [S] int64, on the device: flat rows whose next token is chosen
     logprob_spans: list[tuple[int, int]]  # (first flat row, count): prompt-logprob rows
+    # [T] int64 on the device: each token's LoRA adapter slot (0: the base model); None when no
+    # row of the step runs an adapter
+    adapter_slots: torch.Tensor | None = None
     # rank 0 only (never sent to other ranks): each request's first flat row, and a
     # vision-language model's input embeddings [T, hidden] with its images merged
     flat_starts: dict[str, int] = field(default_factory=dict)
@@ -94,6 +97,7 @@ class InputBuilder:
     def __init__(self, block_size: int, device: torch.device | None = None):
         self.block_size = block_size
         self.buffers = StagingBuffers(device or torch.device("cpu"))
+        self.lora_slots: dict[str, int] = {}  # adapter id -> slot (set once adapters are loaded)
 
     def build(
         self, scheduler_output: SchedulerOutput, states: RequestStates
@@ -138,6 +142,7 @@ class InputBuilder:
             num_decode_rows=int((counts == 1).sum()),
         )
         logits_indices, plan = self._plan(requests, states, flat_start)
+        adapter_slots = self._adapter_slots(row_states, row_of_token)
         inputs = ForwardInputs(
             input_ids=b.to_device("input_ids", num_tokens),
             positions=b.to_device("positions", num_tokens),
@@ -146,9 +151,22 @@ class InputBuilder:
             logprob_spans=[
                 (flat_start[r.request_id], len(r.target_ids)) for r in plan.logprob_requests
             ],
+            adapter_slots=adapter_slots,
             flat_starts=flat_start,
         )
         return inputs, plan
+
+    def _adapter_slots(self, row_states, row_of_token: np.ndarray) -> torch.Tensor | None:
+        """Each token's adapter slot [T]; an id no adapter has (never sent by the router for
+        /generate) runs the base model, as TGI serves an unknown chat `model`."""
+        if not self.lora_slots:
+            return None
+        per_row = np.array([self.lora_slots.get(s.adapter_id, 0) for s in row_states])  # [R]
+        if not per_row.any():
+            return None
+        n = row_of_token.shape[0]
+        self.buffers.host("adapter_slots", n)[:] = per_row[row_of_token]
+        return self.buffers.to_device("adapter_slots", n)
 
     def _plan(self, requests, states: RequestStates, flat_start: dict[str, int]):
         """The sampled rows (scheduler order) and the prompt-logprob requests of the step."""

@@ -24,9 +24,11 @@ import torch
 from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import TPInfo
+from pytgi.errors import ConfigError
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
+from pytgi.layers.lora import LoRABatch
 from pytgi.layers.rotary import RotaryEmbedding
 from pytgi.messages.outputs import ModelOutput, PendingMasks, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
@@ -57,6 +59,8 @@ class ModelRunner:
         self.model = None
         self.spec = None
         self.sampler = None
+        self.speculator = None  # trained draft heads (rank 0), models/speculators.py
+        self._sampled_hidden = None  # the last step's hidden states of its sampled rows [S, H]
         self.accelerator = None
         self.kv_specs: dict[str, KVCacheSpec] = {}
         self.rotary_tables: list[RotaryEmbedding] = []
@@ -84,6 +88,8 @@ class ModelRunner:
             quant_ops=self.platform.quant_ops(self.dtype),
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
+        self._load_lora_adapters()
+        self._load_speculator()
         self.kv_specs = {
             m.layer_name: m.kv_cache_spec()
             for m in self.model.modules()
@@ -97,6 +103,35 @@ class ModelRunner:
             from pytgi.sampling.sampler import Sampler
 
             self.sampler = Sampler(self.spec.vocab_size)
+
+    def _load_lora_adapters(self) -> None:
+        adapters = self.config.model.lora_adapters
+        if not adapters:
+            return
+        from pytgi.models.lora import load_lora_adapters
+        from pytgi.models.resolve import resolve_adapter
+
+        dirs = [(a.id, resolve_adapter(a, self.config.model)) for a in adapters]
+        self.input_builder.lora_slots = load_lora_adapters(
+            self.model, dirs, self.dtype, self.device
+        )
+        logger.info("loaded %d LoRA adapter(s): %s", len(dirs), ", ".join(a.id for a in adapters))
+
+    def _load_speculator(self) -> None:
+        spec = self.config.model.speculator
+        if spec is None:
+            return
+        if self.tp.world_size > 1:
+            raise ConfigError(
+                f"the {spec.kind} speculator runs on one shard only in pytgi: drop --num-shard or "
+                "serve the base model with n-gram speculation"
+            )
+        from pytgi.models.speculators import load_speculator
+
+        self.speculator = load_speculator(spec, self.model.compute_logits, self.dtype, self.device)
+        logger.info(
+            "loaded the %s speculator (%d heads) from %s", spec.kind, spec.num_heads, spec.path
+        )
 
     def _set_up_multimodal(self) -> None:
         """Vision-language models run eagerly on one rank (their input embeddings are built on
@@ -248,18 +283,39 @@ class ModelRunner:
         logits, prompt_logits = self.execute_inputs(inputs)
         if grammar_masks is not None:
             grammar_masks.wait()
-        sampled = self.sampler(logits.float(), plan.sample_rows)
+        sampled = accept_drafts(plan, self.sampler(logits.float(), plan.sample_rows))
         return ModelOutput(
-            sampled=accept_drafts(plan, sampled),
+            sampled=sampled,
             prefill_logprobs=self._prompt_logprobs(plan, prompt_logits),
+            draft_ids=self._propose_drafts(plan, sampled),
         )
+
+    def _propose_drafts(self, plan: StepPlan, sampled: dict) -> dict[str, list[int]]:
+        """The speculator's drafts after each request's newest token, from the hidden state of
+        the row that chose it (the row after its last accepted draft)."""
+        k = self.config.scheduler.num_speculative_tokens
+        if self.speculator is None or k == 0 or not sampled:
+            return {}
+        rows, tokens, ids, first = [], [], [], 0
+        for request_id, num_rows in plan.num_rows_per_request:
+            kept = sampled[request_id]
+            rows.append(first + len(kept) - 1)
+            tokens.append(kept[-1].token_id)
+            ids.append(request_id)
+            first += num_rows
+        device = self._sampled_hidden.device
+        hidden = self._sampled_hidden[torch.tensor(rows, device=device)]  # [R, H]
+        newest = torch.tensor(tokens, device=device)  # [R]
+        drafts = self.speculator.propose(hidden, newest, k).tolist()  # [R, k]
+        return dict(zip(ids, drafts, strict=True))
 
     @torch.inference_mode()
     def execute_inputs(self, inputs: ForwardInputs):
         """Every rank: the forward, the sampled rows' logits [S, V] and each prompt-logprob span's
         logits chunks (rank 0 only; the other ranks join the LM head's gathers and get None)."""
         hidden = self._hidden(inputs)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])  # [S, V] on rank 0
+        self._sampled_hidden = hidden[inputs.logits_indices]  # [S, hidden]
+        logits = self.model.compute_logits(self._sampled_hidden)  # [S, V] on rank 0
         prompt_logits = [self._span_logits(hidden, *span) for span in inputs.logprob_spans]
         return logits, prompt_logits
 
@@ -298,7 +354,12 @@ class ModelRunner:
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
         grown = [table.reserve(longest) for table in self.rotary_tables]
-        accelerator = self.accelerator
+        lora = None
+        if inputs.adapter_slots is not None:
+            lora = LoRABatch.from_slots(inputs.adapter_slots)
+        # the decode-step accelerators (fused CPU stack, CUDA graphs) run base weights only: a step
+        # with adapter rows runs layer by layer
+        accelerator = self.accelerator if lora is None else None
         if accelerator is not None:
             if any(grown) and accelerator.captures_steps:
                 self.capture_decode_steps()  # the recorded steps read the old tables
@@ -310,16 +371,14 @@ class ModelRunner:
         if accelerator is not None:
             fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
         return self._forward_with(
-            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds
+            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds, lora
         )
 
     def _forward_with(
-        self, input_ids, positions, metadata, fused=None, inputs_embeds=None
+        self, input_ids, positions, metadata, fused=None, inputs_embeds=None, lora=None
     ) -> torch.Tensor:
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
-        with forward_context(metadata, self.kv_caches, fused):
-            if inputs_embeds is not None:
-                return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
+        with forward_context(metadata, self.kv_caches, fused, lora):
             return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:

@@ -14,8 +14,8 @@ from pytgi.backends.base import AttentionBatch
 from pytgi.distributed.comm import control_broadcast
 from pytgi.worker.input_builder import ForwardInputs
 
-HEADER = 7  # num tokens (-1: stop), rows, block-table width, sampled rows, logprob spans,
-# decode rows, block size
+HEADER = 8  # num tokens (-1: stop), rows, block-table width, sampled rows, logprob spans,
+# decode rows, block size, 1 when the step carries LoRA adapter slots
 
 
 def send_step(inputs: ForwardInputs | None) -> None:
@@ -33,6 +33,7 @@ def send_step(inputs: ForwardInputs | None) -> None:
         len(inputs.logprob_spans),
         attn.num_decode_rows,
         attn.block_size,
+        int(inputs.adapter_slots is not None),
     ]
     spans = torch.tensor(inputs.logprob_spans, dtype=torch.int64).reshape(-1)
     parts = (
@@ -45,6 +46,8 @@ def send_step(inputs: ForwardInputs | None) -> None:
         inputs.logits_indices,
         spans,
     )
+    if inputs.adapter_slots is not None:
+        parts += (inputs.adapter_slots,)
     control_broadcast(torch.tensor(header, dtype=torch.int64))
     control_broadcast(torch.cat([p.cpu() for p in parts]))
 
@@ -52,15 +55,16 @@ def send_step(inputs: ForwardInputs | None) -> None:
 def receive_step(device: torch.device) -> ForwardInputs | None:
     """Ranks 1..N-1: the next step's inputs, or None when rank 0 says stop."""
     header = control_broadcast(torch.empty(HEADER, dtype=torch.int64)).tolist()
-    num_tokens, num_rows, width, num_sampled, num_spans, num_decode_rows, block_size = header
+    num_tokens, num_rows, width, num_sampled, num_spans, num_decode_rows, block_size = header[:7]
     if num_tokens < 0:
         return None
+    num_adapter_slots = num_tokens if header[7] else 0
     sizes = [num_tokens] * 3 + [num_rows + 1, num_rows, num_rows * width, num_sampled]
-    payload = torch.empty(sum(sizes) + 2 * num_spans, dtype=torch.int64)
+    sizes += [2 * num_spans, num_adapter_slots]
+    payload = torch.empty(sum(sizes), dtype=torch.int64)
     control_broadcast(payload)
-    input_ids, positions, slots, starts, seq_lens, table, logits_indices, spans = payload.split(
-        [*sizes, 2 * num_spans]
-    )
+    parts = payload.split(sizes)
+    input_ids, positions, slots, starts, seq_lens, table, logits_indices, spans = parts[:8]
     attn = AttentionBatch(
         query_start_loc=starts,
         seq_lens=seq_lens,
@@ -75,4 +79,5 @@ def receive_step(device: torch.device) -> ForwardInputs | None:
         attn=attn,
         logits_indices=logits_indices.to(device),
         logprob_spans=[tuple(s) for s in spans.view(-1, 2).tolist()],
+        adapter_slots=parts[8].to(device) if header[7] else None,
     )

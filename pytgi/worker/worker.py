@@ -106,6 +106,7 @@ class Worker:
             sliding_window=self.runner.sliding_window,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
+            lora_adapters=tuple(self.runner.input_builder.lora_slots),
         )
 
     def shutdown(self) -> None:

@@ -39,9 +39,10 @@ def first_difference(a: list[int], b: list[int]) -> int:
 
 def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
     """64 greedy tokens of two prompts on the tiny Llama: the 16-bit caches give the fp32
-    cache's tokens; fp8_e4m3fn the same until a near-tie flips (measured here: one prompt flips
-    at token 24, the other not at all), fp8_e5m2 diverges within a few tokens (2 mantissa bits on
-    a random model whose logits are nearly flat)."""
+    cache's tokens; fp8_e4m3fn the same until a near-tie flips (measured: at tokens 24 and 34 on
+    the pure-torch path, at 24 and never with the compiled kernels, whose fp32 reference differs
+    in the last bits), fp8_e5m2 diverges within a few tokens (2 mantissa bits on a random model
+    whose logits are nearly flat; not asserted)."""
     torch.set_num_threads(1)
     ids = [prompt(30, 1), prompt(17, 2)]
     reference = greedy(tiny_llama_dir, None, ids)
@@ -49,7 +50,7 @@ def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
         assert greedy(tiny_llama_dir, kv, ids) == reference, kv
     fp8 = greedy(tiny_llama_dir, "fp8_e4m3fn", ids)
     agree = [first_difference(x, y) for x, y in zip(fp8, reference, strict=True)]
-    assert min(agree) >= 16 and max(agree) == 64, agree
+    assert min(agree) >= 16, agree
 
 
 def with_tensors(model_dir, tmp_path, extra: dict, config: dict | None = None):
@@ -89,13 +90,27 @@ def test_a_scale_under_no_attention_layer_is_an_unexpected_tensor(tiny_llama_dir
 
 
 def test_a_compressed_tensors_kv_cache_scheme_selects_fp8_e4m3fn(tiny_llama_dir, tmp_path):
-    """The scheme alone (no weight quantization method here) picks TGI's fp8_e4m3fn cache."""
-    scheme = {"quantization_config": {"kv_cache_scheme": {"type": "float", "num_bits": 8}}}
-    model_dir = with_tensors(tiny_llama_dir, tmp_path, {}, scheme)
+    """A compressed-tensors checkpoint (4-bit packed weights) whose config declares an 8-bit float
+    KV cache gets TGI's fp8_e4m3fn cache, with the checkpoint's k/v scales; another scheme is
+    refused."""
+    from fixtures.prequantized import build_checkpoint
+
+    model_dir = tmp_path / "ct"
+    build_checkpoint(tiny_llama_dir, model_dir, "compressed-tensors")
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"]["kv_cache_scheme"] = {"type": "float", "num_bits": 8}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_scale"] = torch.tensor(0.5)
+    tensors["model.layers.0.self_attn.v_scale"] = torch.tensor(0.25)
+    save_file(tensors, model_dir / "model.safetensors")
     runner = make_runner(model_dir, num_blocks=8)
     assert runner.kv_cache_dtype == torch.float8_e4m3fn
+    assert layer_scales(runner) == [KVScales(0.5, 0.25), KVScales()]
     (model_dir / "config.json").write_text(
-        (model_dir / "config.json").read_text().replace('"float"', '"int"')
+        (model_dir / "config.json")
+        .read_text()
+        .replace('"type": "float", "num_bits": 8}', '"type": "int", "num_bits": 8}')
     )
     with pytest.raises(ModelLoadError, match="kv_cache_scheme"):
         make_runner(model_dir, num_blocks=8)

@@ -192,17 +192,19 @@ def test_fp8_checkpoints(kind, cpu_kernels):
 
 def test_module_parts_are_gathered_across_the_stream():
     """Parts of one module arriving apart (other tensors between, another shard file) become
-    one `.weight`; norms, biases and an unquantized head pass through; KV scales are dropped."""
+    one `.weight`; norms, biases, an unquantized head and KV scales pass through (the loader
+    gives the KV scales to the attention layers); q_scale is dropped."""
     tensors, _ = make_gptq(64, 64, 4, 32, sym=True)
     stream = [("a.qweight", tensors["qweight"]), ("norm.weight", torch.ones(4)),
               ("a.bias", torch.zeros(64)), ("a.scales", tensors["scales"]),
               ("lm_head.weight", torch.ones(2, 2)), ("attn.k_scale", torch.ones(1)),
+              ("attn.q_scale", torch.ones(1)),
               ("a.qzeros", tensors["qzeros"]), ("a.g_idx", tensors["g_idx"])]  # fmt: skip
     pre = PrequantizedTensors(format_for(quant("gptq", group_size=32)), [n for n, _ in stream])
     assert pre.modules == {"a"}
-    assert pre.names() == ["a.weight", "norm.weight", "a.bias", "lm_head.weight"]
+    assert pre.names() == ["a.weight", "norm.weight", "a.bias", "lm_head.weight", "attn.k_scale"]
     assert [n for n, _ in pre.tensors(stream)] == ["norm.weight", "a.bias", "lm_head.weight",
-                                                   "a.weight"]  # fmt: skip
+                                                   "attn.k_scale", "a.weight"]  # fmt: skip
 
 
 def write(tmp_path, name, data):

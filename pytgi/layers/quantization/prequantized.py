@@ -37,7 +37,10 @@ from pytgi.layers.quantization.quantized_weight import CodebookWeight
 
 logger = logging.getLogger(__name__)
 
-KV_SCALES = ("k_scale", "v_scale", "q_scale", "kv_scale")  # kv_cache_scheme: not applied on CPU
+# attention-output scales of a kv_cache_scheme checkpoint: q_scale has no use here (dropped); the
+# KV ones pass through to the loader, which gives them to the attention layers (an fp8_e4m3fn
+# cache applies them, as TGI does)
+DROPPED_SCALES = ("q_scale",)
 
 
 class PrequantizedTensors:
@@ -54,10 +57,9 @@ class PrequantizedTensors:
             if module in marked and part in fmt.parts:
                 self.parts[module].add(part)
         self._names = names
-        dropped = [n for n in names if _split(n)[1] in KV_SCALES]
+        dropped = [n for n in names if _split(n)[1] in DROPPED_SCALES]
         if dropped:
-            logger.info("%d KV-cache scales are not applied: the KV cache keeps the model dtype",
-                        len(dropped))  # fmt: skip
+            logger.info("%d attention q_scale tensors are not applied", len(dropped))
 
     @property
     def modules(self) -> set[str]:
@@ -68,7 +70,7 @@ class PrequantizedTensors:
         out, seen = [], set()
         for name in self._names:
             module, part = _split(name)
-            if part in KV_SCALES:
+            if part in DROPPED_SCALES:
                 continue
             if module in self.parts and part in self.parts[module]:
                 if module not in seen:
@@ -82,7 +84,7 @@ class PrequantizedTensors:
         pending: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
         for name, tensor in stream:
             module, part = _split(name)
-            if part in KV_SCALES:
+            if part in DROPPED_SCALES:
                 continue
             if module not in self.parts or part not in self.parts[module]:
                 yield name, tensor
