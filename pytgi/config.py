@@ -17,10 +17,27 @@ DTYPES = ("float32", "bfloat16", "float16")
 QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
+ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
 # --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones (docs/KV_CACHE.md)
 KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
+
+
+# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
+# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
+# first token; a smaller one lets the prompts start in turn between decode steps (measured in
+# docs/PERFORMANCE.md, "CPU serving defaults").
+TGI_MAX_BATCH_PREFILL_TOKENS = 4096
+CPU_MAX_BATCH_PREFILL_TOKENS = 1024
+
+
+def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
+    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
+    prompt must fit in one step, so TGI's (larger) budget stays."""
+    if device == "cpu" and chunked_prefill:
+        return CPU_MAX_BATCH_PREFILL_TOKENS
+    return TGI_MAX_BATCH_PREFILL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,12 @@ class ModelConfig:
     # where pytgi keeps files it derives from models (a GGUF file's config and tokenizer):
     # PYTGI_CACHE_DIR; None: nowhere (a GGUF model then cannot be prepared)
     cache_dir: str | None = None
+    # --rope-scaling/--rope-factor: (type, factor) replacing config.json's rope_scaling (TGI's
+    # override); None keeps the checkpoint's
+    rope_scaling: tuple[str, float] | None = None
+    # --weights-cache-override: the directory the weight files are read from (config and
+    # tokenizer still come from the model); None: the model's own directory
+    weights_dir: str | None = None
     # --lora-adapters, in order (the engine gives the k-th adapter slot k + 1; 0 is the base)
     lora_adapters: tuple[LoRAAdapter, ...] = ()
     speculator: SpeculatorConfig | None = None  # trained draft heads (Medusa, MLP speculator)
@@ -102,6 +125,12 @@ class ModelConfig:
     quantize_lm_head: bool = False
 
     def __post_init__(self):
+        if self.rope_scaling is not None:
+            kind, factor = self.rope_scaling
+            if kind not in ROPE_SCALINGS:
+                raise ConfigError(f"--rope-scaling must be one of {', '.join(ROPE_SCALINGS)}")
+            if not factor > 0:
+                raise ConfigError(f"--rope-factor must be > 0, got {factor}")
         if self.quantize_activations not in (None, *QUANT_ACTIVATIONS):
             raise ConfigError(
                 f"--quantize-activations must be one of {', '.join(QUANT_ACTIVATIONS)}, "
@@ -204,6 +233,19 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
+class WatermarkConfig:
+    """TGI's watermark (requests with `watermark`): the green-list fraction `gamma` of the
+    vocabulary gets `delta` added to its logits (--watermark-gamma, --watermark-delta)."""
+
+    gamma: float = 0.5
+    delta: float = 2.0
+
+    def __post_init__(self):
+        if not 0.0 < self.gamma <= 1.0:
+            raise ConfigError(f"--watermark-gamma must be in (0, 1], got {self.gamma}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -213,6 +255,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     num_threads: int | None = None  # torch intra-op threads; None = torch's default
+    watermark: WatermarkConfig = field(default_factory=WatermarkConfig)
 
 
 @dataclass(frozen=True)
@@ -249,8 +292,11 @@ class LimitsConfig:
     max_total_tokens: int | None = None  # None = derived at warm-up
     max_client_batch_size: int = 4
     payload_limit: int = 2_000_000
+    validation_workers: int = 2  # threads tokenizing requests
 
     def __post_init__(self):
+        if self.validation_workers < 1:
+            raise ConfigError("`validation_workers` must be > 0")
         mi, mt = self.max_input_tokens, self.max_total_tokens
         if mi is not None and mt is not None and mi >= mt:
             raise ConfigError(f"`max_input_tokens`({mi}) must be < `max_total_tokens`({mt})")

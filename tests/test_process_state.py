@@ -1,7 +1,8 @@
 """Configuration reaches the code through the frozen configs, and no module keeps hidden process
 state, checked over the source: only the entry points and the config builders import
 `pytgi.envs` (the one reader of os.environ), the threading defaults are set once at the entry
-points, and no module rebinds a global but the one that owns the process's rank."""
+points, and no module rebinds a global but the two that own process-wide state (the rank, the
+tracer)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from fixtures.import_graph import MODULES, imported_modules
 # the CLI (pytgi, text-generation-launcher and their subcommands) and the offline API's config
 # builder
 ENVS_READERS = ("pytgi.cli.", "pytgi.benchmark.engine.cli", "pytgi.runtime.build")
-# the process's tensor-parallel rank and group (torch.distributed's state is per process too)
-GLOBAL_OWNERS = {"pytgi.distributed.parallel_state"}
+# the process's tensor-parallel rank and group (torch.distributed's state is per process too),
+# and the API process's OpenTelemetry tracer (OpenTelemetry's provider is process-wide too)
+GLOBAL_OWNERS = {"pytgi.distributed.parallel_state", "pytgi.utils.tracing"}
 
 
 def sources() -> dict[str, ast.Module]:

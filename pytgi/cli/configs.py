@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE
+from pytgi.cli.flags import CHECKPOINT_QUANTIZE, SERVED_QUANTIZE, check_refused_flags
 from pytgi.config import (
     CacheConfig,
     CacheInfo,
@@ -22,6 +22,8 @@ from pytgi.config import (
     ParallelConfig,
     SchedulerConfig,
     ServerConfig,
+    WatermarkConfig,
+    default_max_batch_prefill_tokens,
     parse_lora_adapters,
 )
 from pytgi.errors import ConfigError
@@ -51,12 +53,23 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         max_model_len=getattr(args, "max_total_tokens", None),
         implementation=args.model_implementation,
         gguf_file=getattr(args, "model_gguf", None),
+        rope_scaling=rope_override(
+            getattr(args, "rope_scaling", None), getattr(args, "rope_factor", None)
+        ),
+        weights_dir=getattr(args, "weights_cache_override", None),
         lora_adapters=parse_lora_adapters(getattr(args, "lora_adapters", None)),
         quantize_activations=getattr(args, "quantize_activations", None)
         or envs.quant_activations(),
         cache_dir=envs.cache_dir(),
         quantize_lm_head=envs.quantize_lm_head(),
     )
+
+
+def rope_override(kind: str | None, factor: float | None) -> tuple[str, float] | None:
+    """TGI's launcher: a type alone scales by 1.0, a factor alone is linear scaling."""
+    if kind is None and factor is None:
+        return None
+    return (kind or "linear", 1.0 if factor is None else factor)
 
 
 def check_quantize(
@@ -112,6 +125,8 @@ def num_shard(args: argparse.Namespace) -> int:
 
 
 def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
+    check_refused_flags(args)
+    apply_llama_cpp_aliases(args)
     check_limits(args)
     check_quantize(
         args.quantize, args.dtype, expected_platform(device_config(args)),
@@ -145,7 +160,24 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         ),
         device=device_config(args),
         num_threads=args.num_threads,
+        watermark=WatermarkConfig(gamma=args.watermark_gamma, delta=args.watermark_delta),
     )
+
+
+def apply_llama_cpp_aliases(args: argparse.Namespace) -> None:
+    """TGI's llama.cpp backend spellings of pytgi flags (`flags.LLAMA_CPP_FLAGS`)."""
+    aliases = (
+        ("n_threads", "num_threads"),
+        ("max_physical_batch_total_tokens", "max_batch_prefill_tokens"),
+    )
+    for alias, name in aliases:
+        value, current = getattr(args, alias, None), getattr(args, name)
+        if value is None:
+            continue
+        if current is not None and current != value:
+            flag, other = "--" + alias.replace("_", "-"), "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {value} and {other} {current} disagree: set one")
+        setattr(args, name, value)
 
 
 def grammar_config(args: argparse.Namespace) -> GrammarConfig:
@@ -164,21 +196,7 @@ def grammar_config(args: argparse.Namespace) -> GrammarConfig:
     )
 
 
-# TGI's step token budget, which pytgi keeps off the CPU. On a CPU a step's time grows with its
-# tokens, so with TGI's budget a burst of prompts waits for one huge prefill step before any
-# first token; a smaller one lets the prompts start in turn between decode steps (measured in
-# docs/PERFORMANCE.md, "CPU serving defaults").
-TGI_MAX_BATCH_PREFILL_TOKENS = 4096
 NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # present wherever the NVIDIA driver exposes a GPU
-CPU_MAX_BATCH_PREFILL_TOKENS = 1024
-
-
-def default_max_batch_prefill_tokens(device: str, *, chunked_prefill: bool = True) -> int:
-    """The budget when `--max-batch-prefill-tokens` is not given. Without chunked prefill a
-    prompt must fit in one step, so TGI's (larger) budget stays."""
-    if device == "cpu" and chunked_prefill:
-        return CPU_MAX_BATCH_PREFILL_TOKENS
-    return TGI_MAX_BATCH_PREFILL_TOKENS
 
 
 def default_prefill_tokens(args: argparse.Namespace) -> int:
@@ -197,6 +215,28 @@ def expected_platform(config: DeviceConfig) -> str:
     return "cuda" if Path(NVIDIA_CONTROL_DEVICE).exists() and not hidden else "cpu"
 
 
+def visible_gpu_count() -> int:
+    """GPUs the engine would see, without importing torch: CUDA_VISIBLE_DEVICES when set, else
+    the driver's /dev/nvidiaN device files."""
+    visible = envs.cuda_visible_devices()
+    if visible is not None:
+        return len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"])
+    return len([p for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit()])
+
+
+def check_visible_gpus(num_shard: int, platform: str, count: int | None = None) -> None:
+    """On CUDA each shard needs its own GPU: fewer visible than `--num-shard` is refused before
+    any rank starts (else a rank fails with a raw "invalid device ordinal")."""
+    if platform != "cuda" or num_shard <= 1:
+        return
+    count = visible_gpu_count() if count is None else count
+    if count < num_shard:
+        raise ConfigError(
+            f"--num-shard {num_shard} needs {num_shard} GPUs (one per shard), but {count} "
+            f"{'is' if count == 1 else 'are'} visible"
+        )
+
+
 def device_config(args: argparse.Namespace) -> DeviceConfig:
     """The environment's device config with the --cuda-* flags applied (TGI: `--cuda-graphs`
     unset = 1,2,4,8,16,32; `0` = no graphs)."""
@@ -205,6 +245,8 @@ def device_config(args: argparse.Namespace) -> DeviceConfig:
         config = replace(config, cuda_graphs=envs.parse_cuda_graphs(args.cuda_graphs))
     if args.cuda_memory_fraction is not None:
         config = replace(config, cuda_memory_fraction=args.cuda_memory_fraction)
+    if getattr(args, "disable_custom_kernels", False):  # TGI's flag: pytgi's own kernels off
+        config = replace(config, kernels=False)
     return config
 
 
@@ -229,7 +271,7 @@ def check_limits(args: argparse.Namespace) -> None:
                 "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: "
                 f"{args.max_total_tokens} and {args.max_batch_total_tokens}"
             )
-    if args.validation_workers == 0:
+    if args.validation_workers <= 0:
         raise ConfigError("`validation_workers` must be > 0")
     if args.max_batch_size == 0:
         raise ConfigError("`max_batch_size` must be > 0")
@@ -263,6 +305,7 @@ def limits_config(
         max_total_tokens=max_total,
         max_client_batch_size=args.max_client_batch_size,
         payload_limit=args.payload_limit,
+        validation_workers=args.validation_workers,
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, GrammarConfig
+from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, ROPE_SCALINGS, GrammarConfig
 from pytgi.router.images.config import ImageConfig
 
 
@@ -25,10 +25,11 @@ class Flag:
     repeat: bool = False  # may be given several times (a list)
     short: str | None = None
     choices: tuple[str, ...] | None = None
+    env_twin: bool = True  # read from the environment too (TGI: every flag but --env)
 
     @property
-    def env(self) -> str:
-        return self.name.lstrip("-").replace("-", "_").upper()
+    def env(self) -> str | None:
+        return self.name.lstrip("-").replace("-", "_").upper() if self.env_twin else None
 
     @property
     def dest(self) -> str:
@@ -40,16 +41,14 @@ def _bool(value: str) -> bool:
         return True
     if value.lower() in ("false", "0", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
+    raise argparse.ArgumentTypeError("expected true or false")
 
 
 def _size_list(value: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated batch sizes, got '{value}'"
-        ) from None
+        raise argparse.ArgumentTypeError("expected comma-separated batch sizes") from None
 
 
 QUANTIZE = (
@@ -166,9 +165,18 @@ ENGINE_FLAGS = [
         "text (no draft model)",
         int,
     ),
-    Flag("--disable-custom-kernels", "Do not use custom kernels", switch=True),
-    Flag("--rope-scaling", "Override rope scaling type", choices=("linear", "dynamic")),
-    Flag("--rope-factor", "Override rope scaling factor", float),
+    Flag(
+        "--disable-custom-kernels",
+        "Run the layers on plain torch ops instead of pytgi's compiled C++ (CPU) and Triton (CUDA) "
+        "kernels (paged attention on CUDA stays on Triton)",
+        switch=True,
+    ),  # fmt: skip
+    Flag(
+        "--rope-scaling",
+        "Replace the checkpoint's rope scaling with this type (alone: factor 1.0)",
+        choices=ROPE_SCALINGS,
+    ),  # fmt: skip
+    Flag("--rope-factor", "Rope scaling factor (alone: linear scaling)", float),
 ]
 
 _IMAGES = ImageConfig()
@@ -200,26 +208,45 @@ LIMIT_FLAGS = [
         "Fetch image URLs that resolve to loopback, private or link-local addresses (pytgi only)",
         switch=True,
     ),  # fmt: skip
-    Flag("--validation-workers", "Tokenizer workers (must be > 0)", int, 2),
     Flag(
-        "--waiting-served-ratio",
-        "Accepted for compatibility (ignored with chunked prefill)",
-        float,
-        0.3,
+        "--validation-workers",
+        "Threads tokenizing and validating requests (must be > 0)",
+        int,
+        2,
     ),  # fmt: skip
     Flag(
-        "--max-waiting-tokens", "Accepted for compatibility (ignored with chunked prefill)", int, 20
+        "--waiting-served-ratio",
+        "TGI's batching heuristic without chunked prefill; pytgi's scheduler admits waiting "
+        "requests every step, so it is ignored with a warning when set (as TGI with chunking)",
+        float,
+    ),  # fmt: skip
+    Flag(
+        "--max-waiting-tokens",
+        "TGI's batching heuristic without chunked prefill; ignored with a warning when set "
+        "(pytgi admits waiting requests every step)",
+        int,
     ),  # fmt: skip
 ]
 
 SERVER_FLAGS = [
     Flag("--hostname", "Bind address", default="0.0.0.0"),
     Flag("--port", "HTTP port", int, 3000, short="-p"),
-    Flag("--prometheus-port", "Extra port serving /metrics", int),
+    Flag(
+        "--prometheus-port",
+        "Extra port serving the metrics on any path (also on the main port's /metrics); a busy "
+        "port is a warning; 0: none",
+        int,
+        9000,
+    ),  # fmt: skip
     Flag("--api-key", "Bearer key required on the generation routes"),
     Flag("--cors-allow-origin", "Allowed CORS origin (repeatable)", repeat=True),
     Flag("--json-output", "JSON log lines", switch=True),
-    Flag("--env", "Log the runtime environment and versions at start-up", switch=True),
+    Flag(
+        "--env",
+        "Log the runtime environment and versions at start-up (no env twin, as in TGI)",
+        switch=True,
+        env_twin=False,
+    ),  # fmt: skip
     Flag("--graceful-termination-timeout", "Seconds to drain on SIGTERM", float, 90.0, short="-g"),
     Flag(
         "--request-header-timeout",
@@ -244,12 +271,21 @@ SERVER_FLAGS = [
         "Reject grammar / response_format (tools are then only prompted for)",
         switch=True,
     ),  # fmt: skip
-    Flag("--watermark-gamma", "Watermark green-list fraction", float, 0.5),
-    Flag("--watermark-delta", "Watermark logit bias", float, 2.0),
-    Flag("--otlp-endpoint", "OpenTelemetry collector (accepted, not used)"),
+    Flag(
+        "--watermark-gamma",
+        "Green-list fraction of the vocabulary (requests with watermark)",
+        float,
+        0.5,
+    ),  # fmt: skip
+    Flag("--watermark-delta", "Logit bias of the green list (requests with watermark)", float, 2.0),
+    Flag(
+        "--otlp-endpoint",
+        "OpenTelemetry collector: request spans exported with OTLP over gRPC, as TGI "
+        "(e.g. http://localhost:4317)",
+    ),  # fmt: skip
     Flag(
         "--otlp-service-name",
-        "OpenTelemetry service name",
+        "service.name of the exported spans",
         default="text-generation-inference.router",
     ),
     Flag(
@@ -259,7 +295,11 @@ SERVER_FLAGS = [
     ),
     Flag("--usage-stats", "Telemetry (pytgi sends none)", default="off"),
     Flag("--shard-uds-path", "Accepted for compatibility", default="/tmp/text-generation-server"),
-    Flag("--weights-cache-override", "Alternate weights location"),
+    Flag(
+        "--weights-cache-override",
+        "Directory holding the model's weight files (config and tokenizer still come from "
+        "--model-id; nothing is downloaded for a hub model's weights)",
+    ),  # fmt: skip
 ]
 
 _GRAMMAR = GrammarConfig()
@@ -319,12 +359,107 @@ GRAMMAR_FLAGS = [
     ),
 ]
 
-SERVE_FLAGS = MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS
+# TGI's llama.cpp backend (the launcher a CPU user of TGI runs with a GGUF file): the flags with a
+# pytgi meaning (`configs.llama_cpp_aliases` maps them)
+LLAMA_CPP_FLAGS = [
+    Flag("--n-threads", "llama.cpp backend's name of --num-threads", int),
+    Flag(
+        "--max-physical-batch-total-tokens",
+        "llama.cpp backend's physical batch: pytgi's step token budget "
+        "(--max-batch-prefill-tokens)",
+        int,
+    ),  # fmt: skip
+]
+
+SERVE_FLAGS = (
+    MODEL_FLAGS + ENGINE_FLAGS + LIMIT_FLAGS + SERVER_FLAGS + GRAMMAR_FLAGS + LLAMA_CPP_FLAGS
+)
+
+
+@dataclass(frozen=True)
+class RefusedFlag:
+    """A TGI flag pytgi has no meaning for: parsed, so that start-up refuses it in one line that
+    says why (instead of argparse's bare "unrecognized arguments")."""
+
+    name: str
+    reason: str
+    switch: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+_NO_GPU_OFFLOAD = "pytgi runs the whole model on one device per shard"
+REFUSED_FLAGS = [
+    RefusedFlag("--ngrok", "ngrok tunnels are not built in (TGI's do not work either)", True),
+    RefusedFlag("--ngrok-authtoken", "ngrok tunnels are not built in"),
+    RefusedFlag("--ngrok-edge", "ngrok tunnels are not built in"),
+    # TGI's llama.cpp backend
+    RefusedFlag("--n-threads-batch", "prefill and decode share the --num-threads threads"),
+    RefusedFlag("--n-gpu-layers", _NO_GPU_OFFLOAD),
+    RefusedFlag("--split-mode", "models are split across GPUs with --num-shard"),
+    RefusedFlag("--defrag-threshold", "the paged KV cache never needs defragmenting"),
+    RefusedFlag("--numa", "NUMA placement is left to the OS (numactl)"),
+    RefusedFlag("--disable-mmap", "GGUF weights are read into pytgi's own layouts", True),
+    RefusedFlag("--use-mmap", "GGUF weights are read into pytgi's own layouts", True),
+    RefusedFlag("--use-mlock", "weights are not locked in memory", True),
+    RefusedFlag("--disable-offload-kqv", _NO_GPU_OFFLOAD, True),
+    RefusedFlag("--offload-kqv", _NO_GPU_OFFLOAD, True),
+    RefusedFlag("--disable-flash-attention", "pytgi's CPU attention has one implementation", True),
+    RefusedFlag("--flash-attention", "pytgi's CPU attention has one implementation", True),
+    RefusedFlag("--type-k", "the KV cache has one dtype for keys and values (--kv-cache-dtype)"),
+    RefusedFlag("--type-v", "the KV cache has one dtype for keys and values (--kv-cache-dtype)"),
+]
+
+
+def add_refused_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TGI flags pytgi refuses at start-up")
+    for flag in REFUSED_FLAGS:
+        help_text = f"refused: {flag.reason}"
+        if flag.switch:
+            group.add_argument(flag.name, action="store_true", default=None, help=help_text)
+        else:
+            group.add_argument(flag.name, default=None, metavar="VALUE", help=help_text)
+
+
+def check_refused_flags(args: argparse.Namespace) -> None:
+    """One line naming the first refused flag given (on the command line or by its env twin)."""
+    from pytgi.errors import ConfigError
+
+    for flag in REFUSED_FLAGS:
+        if getattr(args, flag.dest, None) not in (None, False):
+            raise ConfigError(f"{flag.name} is not supported by pytgi: {flag.reason}")
 
 
 def _help(flag: Flag) -> str:
     default = "" if flag.default is None or flag.switch else f" [default: {flag.default}]"
-    return f"{flag.help}{default} [env: {flag.env}]"
+    env = f" [env: {flag.env}]" if flag.env else ""
+    return f"{flag.help}{default}{env}"
+
+
+_EXPECTED = {int: "an integer", float: "a number", str: "a string"}
+
+
+def _env_default(flag: Flag, value: str):
+    """The flag's value from its env twin; a bad one ends the command with one line naming the
+    variable and what it expects (before any sub-command runs, `-V` included)."""
+    if flag.switch:
+        parse = _bool
+    else:
+        parse = flag.type
+    try:
+        parsed = parse(value)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        expected = _EXPECTED.get(parse) or str(exc).removeprefix("expected ")
+        message = f"pytgi: environment variable {flag.env}={value!r}: expected {expected}"
+        raise SystemExit(message) from None
+    if flag.choices is not None and parsed not in flag.choices:
+        raise SystemExit(
+            f"pytgi: environment variable {flag.env}={value!r}: expected one of "
+            f"{', '.join(flag.choices)}"
+        )
+    return [parsed] if flag.repeat else parsed
 
 
 def add_version_flag(parser: argparse.ArgumentParser) -> None:
@@ -336,15 +471,15 @@ def add_version_flag(parser: argparse.ArgumentParser) -> None:
 def add_flags(parser: argparse.ArgumentParser, flags: list[Flag]) -> None:
     for flag in flags:
         names = [flag.short, flag.name] if flag.short else [flag.name]
-        env_value = envs.get(flag.env)
+        env_value = envs.get(flag.env) if flag.env else None
         help_text = _help(flag)
         if flag.switch:
-            default = _bool(env_value) if env_value is not None else False
+            default = _env_default(flag, env_value) if env_value is not None else False
             parser.add_argument(*names, action="store_true", default=default, help=help_text)
             continue
         default = flag.default
         if env_value is not None:
-            default = [env_value] if flag.repeat else flag.type(env_value)
+            default = _env_default(flag, env_value)
         parser.add_argument(
             *names,
             type=flag.type,

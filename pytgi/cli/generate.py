@@ -76,7 +76,8 @@ def run_generate(args: argparse.Namespace) -> int:
         }
         model_dir = resolve_model(model, check_config=partial(check_model_config, **checks))
         plan = check_model_dir(model_dir, allow_pickle_weights=model.allow_pickle_weights,
-                               quantize=model.quantize, **checks)  # fmt: skip
+                               quantize=model.quantize, dtype=model.dtype,
+                               **checks)  # fmt: skip
         print(f"[model: {plan.description}]", file=sys.stderr)
         llm = LLM(str(model_dir), dtype=model.dtype, revision=model.revision,
                   num_threads=args.num_threads, implementation=model.implementation,

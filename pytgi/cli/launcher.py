@@ -16,8 +16,9 @@ from functools import partial
 from pathlib import Path
 
 from pytgi import envs
-from pytgi.cli import configs, preflight
+from pytgi.cli import configs, preflight, startup_notes
 from pytgi.errors import ConfigError, ModelLoadError
+from pytgi.utils import tracing
 
 logger = logging.getLogger("pytgi.launcher")
 
@@ -32,20 +33,29 @@ def serve(args: argparse.Namespace) -> int:
         logger.info("Runtime environment:\n%s", describe_environment())
     try:
         sock = preflight.bind_port(configs.hostname(args.hostname), args.port)
+        if args.otlp_endpoint:
+            tracing.setup(args.otlp_endpoint, args.otlp_service_name)
     except ConfigError as exc:
         logger.error("%s", exc.message)
         return 1
     with sock:
         try:
-            engine, infer, server_cfg, plan = start_engine_and_router(args)
-        except (ConfigError, ModelLoadError) as exc:
-            logger.error("%s", exc.message)
-            return 1
-        from pytgi.server.app import create_app
+            return _serve_on(sock, args)
+        finally:
+            tracing.shutdown()  # the spans still batched are exported before the process ends
 
-        model_info = _model_info(server_cfg, args, plan, engine.cache_info.device)
-        app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
-        return asyncio.run(run_http(app, server_cfg, engine, sock))
+
+def _serve_on(sock, args: argparse.Namespace) -> int:
+    try:
+        engine, infer, server_cfg, plan = start_engine_and_router(args)
+    except (ConfigError, ModelLoadError) as exc:
+        logger.error("%s", exc.message)
+        return 1
+    from pytgi.server.app import create_app
+
+    model_info = _model_info(server_cfg, args, plan, engine.cache_info.device)
+    app = create_app(infer, engine, server_cfg, engine.cache_info, model_info=model_info)
+    return asyncio.run(run_http(app, server_cfg, engine, sock))
 
 
 def start_engine_and_router(args: argparse.Namespace):
@@ -63,6 +73,9 @@ def start_engine_and_router(args: argparse.Namespace):
             "Using speculation %s with %d input ids.", model.speculator.kind, args.speculate
         )
     engine_cfg = configs.engine_config(args, model)
+    startup_notes.warn_waiting_flags(args)
+    startup_notes.warn_slow_dtype(model.dtype, configs.expected_platform(engine_cfg.device))
+    startup_notes.log_speculation(engine_cfg.scheduler.num_speculative_tokens)
     start = time.perf_counter()
     checks = dict(
         implementation=model.implementation,
@@ -77,8 +90,15 @@ def start_engine_and_router(args: argparse.Namespace):
     )
     plan = preflight.check_model_dir(
         model_dir, allow_pickle_weights=model.allow_pickle_weights, quantize=model.quantize,
-        **checks,
+        dtype=model.dtype, weights_dir=model.weights_dir, **checks,
     )  # fmt: skip
+    platform = configs.expected_platform(engine_cfg.device)
+    if plan.quantize == "gguf" and platform != "cpu":
+        raise ConfigError(
+            f"GGUF models run on pytgi's CPU kernels only, and the engine would run on {platform} "
+            "(PYTGI_DEVICE=cpu serves them)"
+        )
+    configs.check_visible_gpus(engine_cfg.parallel.num_shard, platform)
     logger.info("Serving %s", plan.description)
     resolved = replace(model, model_id=str(model_dir), gguf_file=None)
     engine_cfg = replace(engine_cfg, model=resolved)
@@ -210,20 +230,33 @@ async def _supervise(server, app, engine, drain_s: float) -> None:
 
 
 def _start_prometheus_port(server_cfg, engine) -> asyncio.Task | None:
-    """TGI's extra Prometheus listener: the metrics on any GET path of `--prometheus-port`."""
+    """TGI's extra Prometheus listener: the metrics on any GET path of `--prometheus-port` (9000
+    by default, 0 = none). A port already taken is a warning, not a failed start: several servers
+    can run on one host, each still serving `/metrics` on its main port."""
     if not server_cfg.prometheus_port:
         return None
     import uvicorn
 
     from pytgi.server.app import create_metrics_app
 
+    try:
+        sock = preflight.bind_port(server_cfg.hostname, server_cfg.prometheus_port)
+    except ConfigError as exc:
+        logger.warning("%s: no Prometheus port (/metrics is still on the main port)", exc.message)
+        return None
     app = create_metrics_app(engine, engine.cache_info)
     config = uvicorn.Config(
         app, host=server_cfg.hostname, port=server_cfg.prometheus_port, log_config=None
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the main server owns the signals
-    return asyncio.create_task(server.serve())
+    logger.info("Prometheus metrics on %s:%d", server_cfg.hostname, server_cfg.prometheus_port)
+    return asyncio.create_task(_serve_closing(server, sock))
+
+
+async def _serve_closing(server, sock) -> None:
+    with sock:
+        await server.serve(sockets=[sock])
 
 
 def _model_sha(model_dir: Path) -> str | None:
@@ -244,4 +277,5 @@ def _model_info(server_cfg, args: argparse.Namespace, plan, device: str) -> dict
         "model_implementation": plan.implementation,
         "quantize": plan.quantize,
         "weight_types": plan.weight_types,
+        "speculate": args.speculate or None,
     }

@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from pytgi import envs
-from pytgi.cli.flags import SERVE_FLAGS, add_flags, add_version_flag
+from pytgi.cli.flags import SERVE_FLAGS, add_flags, add_refused_flags, add_version_flag
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="Run the TGI-compatible HTTP server")
     add_version_flag(serve)
     add_flags(serve, SERVE_FLAGS)
+    add_refused_flags(serve)
 
     from pytgi.cli.generate import add_generate_args
 
@@ -69,6 +70,7 @@ def launcher_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="text-generation-launcher")
     add_version_flag(parser)
     add_flags(parser, SERVE_FLAGS)
+    add_refused_flags(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from pytgi.cli.launcher import serve
 

@@ -88,9 +88,12 @@ def check_model_dir(
     allow_pickle_weights: bool = False,
     num_shard: int = 1,
     quantize: str | None = None,
+    dtype: str | None = None,
+    weights_dir: str | None = None,
 ) -> ModelPlan:
-    """The plan for serving `model_dir`; raises `ModelLoadError` (`ConfigError` for flags that
-    cannot go together) with the cause."""
+    """The plan for serving `model_dir` (its weight files in `weights_dir` when given: TGI's
+    --weights-cache-override); raises `ModelLoadError` (`ConfigError` for flags that cannot go
+    together) with the cause."""
     plan = check_model_config(
         model_dir,
         implementation=implementation,
@@ -99,8 +102,14 @@ def check_model_dir(
     )
     gguf = read_marker(model_dir)
     if gguf is None:
-        find_weight_files(Path(model_dir), allow_pickle_weights)
-        return replace(plan, quantize=checkpoint_quantization(Path(model_dir), quantize))
+        find_weight_files(Path(weights_dir or model_dir), allow_pickle_weights)
+        check_fallback_quantization(Path(model_dir), plan)
+        return replace(plan, quantize=checkpoint_quantization(Path(model_dir), quantize, dtype))
+    if weights_dir is not None:
+        raise ConfigError(
+            "--weights-cache-override names where a checkpoint's safetensors files are; a GGUF "
+            "model is one file: pass it as --model-id"
+        )
     if quantize is not None:
         raise ConfigError(
             f"--quantize {quantize} cannot re-quantize a GGUF model: its weights are served in "
@@ -111,14 +120,34 @@ def check_model_dir(
     return replace(plan, quantize="gguf", weight_types=describe_types(gguf["tensor_types"]))
 
 
-def checkpoint_quantization(model_dir: Path, quantize: str | None) -> str | None:
+def checkpoint_quantization(
+    model_dir: Path, quantize: str | None, dtype: str | None = None
+) -> str | None:
     """The method the weights are served with: the checkpoint's own (refused in one line when
-    pytgi cannot serve it or `--quantize` names another), else `--quantize`'s."""
+    pytgi cannot serve it, `--quantize` names another, or `--dtype` is not the kernels'
+    float32), else `--quantize`'s."""
     quant = read_checkpoint_quant(model_dir)
     if quant is None:
         check_quantize_needs_checkpoint(quantize)
         return quantize
-    return check_checkpoint_quant(quant, quantize)
+    method = check_checkpoint_quant(quant, quantize)
+    if dtype not in (None, "float32"):
+        raise ConfigError(
+            f"{method} checkpoints run the CPU kernels on float32 activations: use --dtype "
+            f"float32 (got {dtype})"
+        )
+    return method
+
+
+def check_fallback_quantization(model_dir: Path, plan: ModelPlan) -> None:
+    """The fallback serves no checkpoint stored quantized (config.json's quantization_config is
+    refused with the config checks; this catches quantize_config.json / quant_config.json)."""
+    quant = read_checkpoint_quant(model_dir)
+    if quant is not None and plan.implementation == TRANSFORMERS:
+        raise ModelLoadError(
+            f"{plan.architecture} runs on the transformers fallback, which does not run "
+            f"quantized checkpoints ({quant.method}, {quant.source})"
+        )
 
 
 def check_model_config(

@@ -171,10 +171,11 @@ def run_engine(
 ) -> None:
     """Engine process entry point: load, warm up, report ready, then step until told to stop."""
     from pytgi.utils.logging import setup_logging
-    from pytgi.utils.process import ignore_terminal_interrupts
+    from pytgi.utils.process import exit_when_orphaned, ignore_terminal_interrupts
 
     setup_logging(json_output=json_logs, rank=0 if config.parallel.num_shard > 1 else None)
     ignore_terminal_interrupts()  # the launcher drains on Ctrl-C, then sends "stop"
+    exit_when_orphaned(parent_pid)  # a launcher killed during the model's load or warm-up
 
     def report_rank_death(reason: str) -> None:  # from the rank monitor thread
         results.put(("dead", reason, None))

@@ -57,6 +57,12 @@ class CausalLM(nn.Module):
     def expert_weight_mapping(self) -> list[tuple[str, str, int, Any]]:
         return []
 
+    def steps_capturable(self) -> bool:
+        """Whether a step's forward can be recorded once and replayed (CUDA graphs): False when a
+        layer decides its work on the host from the step's data (MoE expert counts, latent
+        attention's per-step plan)."""
+        return True
+
     def fused_decode_layers(self) -> list[tuple[str, dict[str, torch.Tensor]]] | None:
         """(attention layer name, tensors) per decoder layer for the decode-step accelerator, or
         None when this model does not run there (the default)."""

@@ -2,9 +2,11 @@
 the model type: the norm (RMS, Gemma's 1 + w, LayerNorm with or without bias), q/k/v and output
 biases, per-head q/k norms, the position encoding (rotary in either layout and on part of the head,
 one rotary table per layer kind, ALiBi, or learned positions outside the stack), logit
-soft-capping and sliding windows in attention, a gated or plain MLP, and how a layer composes
-attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or sandwiched
-between pre- and post-norms).
+soft-capping, clamped q/k/v (DBRX) and sliding windows in attention, a gated or plain MLP or a
+sparse mixture-of-experts block on the layers `DecoderSpec.moe` names (`make_mlp`), DeepSeek's
+latent attention in place of q/k/v heads (`DecoderSpec.mla`, `make_attention`), and how a layer
+composes attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or
+sandwiched between pre- and post-norms).
 
 `DecoderStack` runs the layers in order, unless the step's forward context carries a decode-step
 accelerator's replacement for the whole stack (the model runner decides that per step). For the
@@ -30,6 +32,7 @@ from pytgi.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from pytgi.layers.moe.block import SparseMoeBlock
 from pytgi.layers.norm import LayerNorm, RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.rotary import ApplyRotary
@@ -93,6 +96,7 @@ class DecoderAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
+        self.qkv_clip = spec.qkv_clip
         self.qk_norm = spec.qk_norm
         if spec.qk_norm:
             self.q_norm = make_norm(spec, spec.head_dim)
@@ -120,6 +124,8 @@ class DecoderAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h, kvh = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(hidden).unflatten(-1, (h + 2 * kvh, self.head_dim))  # [T, H+2KVH, D]
+        if self.qkv_clip is not None:
+            qkv = qkv.clamp(-self.qkv_clip, self.qkv_clip)
         q, k = qkv[:, :h], qkv[:, h : h + kvh]  # [T, H, D], [T, KVH, D]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -210,6 +216,27 @@ def _packed_pair(up: LinearBase, up_name: str, down: LinearBase) -> FusedTensors
     return up_tensors | down_tensors
 
 
+def make_attention(
+    spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+) -> nn.Module:
+    if spec.mla is not None:
+        from pytgi.models.mla import LatentAttentionBlock
+
+        return LatentAttentionBlock(spec, layer_idx, quant_config, prefix)
+    return DecoderAttention(spec, layer_idx, quant_config, prefix)
+
+
+def make_mlp(
+    spec: DecoderSpec, layer_idx: int, quant_config: QuantConfig | None, prefix: str
+) -> nn.Module:
+    """Layer `layer_idx`'s MLP: the sparse MoE block where the spec's MoE config says so, else
+    the dense gated or plain MLP (of `intermediate_size`)."""
+    if spec.moe is not None and spec.moe.is_sparse(layer_idx):
+        return SparseMoeBlock(spec.moe, spec.hidden_size, quant_config, prefix)
+    mlp_class = GatedMLP if spec.mlp_gated else MLP
+    return mlp_class(spec, quant_config, prefix)
+
+
 class DecoderLayer(nn.Module):
     """One layer; the residual stream is carried separately so each norm fuses the add: a layer
     maps (hidden, residual) to the same, the stream being their sum (residual None: hidden is
@@ -221,9 +248,8 @@ class DecoderLayer(nn.Module):
     ):
         super().__init__()
         self.block = spec.block
-        self.self_attn = DecoderAttention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
-        mlp_class = GatedMLP if spec.mlp_gated else MLP
-        self.mlp = mlp_class(spec, quant_config, f"{prefix}.mlp")
+        self.self_attn = make_attention(spec, layer_idx, quant_config, f"{prefix}.self_attn")
+        self.mlp = make_mlp(spec, layer_idx, quant_config, f"{prefix}.mlp")
         self.input_layernorm = make_norm(spec)
         if self.block in (SEQUENTIAL, SANDWICH):
             self.post_attention_layernorm = make_norm(spec)

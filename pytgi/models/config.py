@@ -19,10 +19,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi.errors import ModelLoadError
+from pytgi.layers.moe.config import MoEConfig
+
+logger = logging.getLogger(__name__)
 
 SHAPE = {"role": "shape"}
 OUTSIDE = {"role": "outside"}
@@ -66,6 +70,27 @@ ROPE, LEARNED, ALIBI = PositionEncoding
 def _check_choice(value, choices: type[enum.Enum], what: str) -> None:
     if value not in choices.__members__.values():
         raise ModelLoadError(f"unknown {what} '{value}'")
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """DeepSeek's multi-head latent attention: per token, the cache keeps the normalised latent
+    (`kv_lora_rank`) and one rotary key (`qk_rope_head_dim`) shared by every head; each head's
+    key is [up-projected nope part | rotary part], its value the up-projected `v_head_dim`."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None  # None: one q_proj instead of q_a_proj -> norm -> q_b_proj
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def cache_size(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +142,13 @@ class DecoderSpec(ModelSpec):
     qkv_bias: bool = field(default=False, metadata=FEATURE)
     o_bias: bool = field(default=False, metadata=FEATURE)
     mlp_bias: bool = field(default=False, metadata=FEATURE)
+    qkv_clip: float | None = field(default=None, metadata=FEATURE)  # DBRX: q/k/v clamped to +-c
     qk_norm: bool = field(default=False, metadata=FEATURE)  # per-head q/k RMSNorm (Qwen3, Gemma 3)
     qkv_checkpoint_layout: QkvLayout = field(default=QkvLayout.CONCAT, metadata=LOAD)
+    # mixture-of-experts MLPs (layers/moe/config.py says which layers and how they route)
+    moe: MoEConfig | None = field(default=None, metadata=FEATURE)
+    # DeepSeek's multi-head latent attention instead of q/k/v heads (models/mla.py)
+    mla: MLAConfig | None = field(default=None, metadata=FEATURE)
 
     def __post_init__(self):
         _check_choice(self.block, Block, "decoder block")
@@ -193,6 +223,14 @@ def require(hf_config, name: str):
     if value is None:
         raise ModelLoadError(f"config.json has no '{name}'")
     return value
+
+
+def override_rope_scaling(hf_config, kind: str, factor: float) -> None:
+    """TGI's --rope-scaling/--rope-factor: config.json's rope_scaling replaced by `{type,
+    factor}` (the transformers fallback reads the same config, so both implementations follow)."""
+    previous = getattr(hf_config, "rope_scaling", None)
+    hf_config.rope_scaling = {"type": kind, "rope_type": kind, "factor": float(factor)}
+    logger.info("rope scaling overridden: %s x%g (config.json: %s)", kind, factor, previous)
 
 
 def rope_scaling(hf_config) -> dict | None:

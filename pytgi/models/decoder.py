@@ -125,5 +125,8 @@ class DecoderForCausalLM(CausalLM):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
+    def steps_capturable(self) -> bool:
+        return self.spec.moe is None and self.spec.mla is None
+
     def fused_decode_layers(self):
         return self.model.layers.fused_decode_layers()

@@ -30,7 +30,12 @@ from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext, build_context
 from pytgi.layers.linear import load_part
 from pytgi.models.base import CausalLM
-from pytgi.models.config import ModelSpec, has_remote_causal_lm, load_hf_config
+from pytgi.models.config import (
+    ModelSpec,
+    has_remote_causal_lm,
+    load_hf_config,
+    override_rope_scaling,
+)
 from pytgi.models.registry import get_model_class, resolve_architecture
 
 logger = logging.getLogger(__name__)
@@ -261,7 +266,8 @@ class _Checkpoint:
         else:
             from pytgi.models.weights import list_weight_files
 
-            self.files = list_weight_files(model_dir, model_config.allow_pickle_weights)
+            weights_dir = Path(model_config.weights_dir or model_dir)  # --weights-cache-override
+            self.files = list_weight_files(weights_dir, model_config.allow_pickle_weights)
 
     def quant_config(self, hf_config, dtype: torch.dtype, model_class: type[CausalLM]):
         if self.gguf is None:
@@ -318,7 +324,9 @@ class _Checkpoint:
 
     @property
     def source(self) -> str:
-        return str(self.gguf_path or self.model_dir)
+        if self.gguf_path is not None:
+            return str(self.gguf_path)
+        return str(self.model_config.weights_dir or self.model_dir)
 
     def close(self) -> None:
         if self.gguf is not None:
@@ -331,6 +339,8 @@ def build_model(
     """Instantiate the registered class for the checkpoint and load this rank's weights; every
     layer picks its implementation from `context` (the platform's decisions) while it is built."""
     hf_config = load_hf_config(model_dir, model_config.trust_remote_code)
+    if model_config.rope_scaling is not None:
+        override_rope_scaling(hf_config, *model_config.rope_scaling)
     architecture, entry = resolve_architecture(
         getattr(hf_config, "architectures", None),
         model_config.implementation,
@@ -342,6 +352,9 @@ def build_model(
         context = replace(context, kv_cache_dtype=checkpoint_kv_cache_dtype(hf_config))
     dtype = context.dtype
     checkpoint = _Checkpoint(model_config, model_dir)
+    if checkpoint.gguf is not None and context.platform_name != "cpu":
+        checkpoint.close()
+        raise ConfigError(gguf_platform_error(context.platform_name))
     quant_config = checkpoint.quant_config(hf_config, dtype, model_class)
     if quant_config is not None and context.platform_name != "cpu":
         raise ConfigError(
@@ -360,6 +373,13 @@ def build_model(
         architecture, entry.implementation, dtype, quantized, spec.num_layers, checkpoint.source,
     )  # fmt: skip
     return model.eval(), spec
+
+
+def gguf_platform_error(platform: str) -> str:
+    return (
+        f"GGUF models run on pytgi's CPU kernels only, and this engine runs on {platform} "
+        "(PYTGI_DEVICE=cpu serves them)"
+    )
 
 
 def release_freed_memory() -> None:

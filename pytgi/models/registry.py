@@ -51,6 +51,13 @@ _MODELS: dict[str, ModelEntry] = {
     "GPT2LMHeadModel": ModelEntry("gpt2", "GPT2LMHeadModel"),
     "GPTBigCodeForCausalLM": ModelEntry("gpt2", "GPTBigCodeForCausalLM"),  # StarCoder 1
     "GPTJForCausalLM": ModelEntry("gptj", "GPTJForCausalLM"),
+    "MixtralForCausalLM": ModelEntry("moe_families", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"o_bias": False}),
+    "Qwen3MoeForCausalLM": ModelEntry("moe_families", "QwenMoeForCausalLM", {"qk_norm": True}),
+    "PhimoeForCausalLM": ModelEntry("moe_families", "PhimoeForCausalLM"),  # Phi-3.5-MoE
+    "DbrxForCausalLM": ModelEntry("moe_families", "DbrxForCausalLM"),
+    "DeepseekV2ForCausalLM": ModelEntry("deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ModelEntry("deepseek", "DeepseekV3ForCausalLM"),
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
     # vision-language models (models/multimodal.py)

@@ -20,6 +20,7 @@ from pytgi.errors import (
     ValidationError,
 )
 from pytgi.router.outputs import Timings
+from pytgi.utils import tracing
 
 logger = logging.getLogger("pytgi.router")
 
@@ -55,6 +56,7 @@ def record_success(timings: Timings, generated_tokens: int, *, prompt_tokens: in
         timings.inference_s, 1000 * timings.per_token_s(generated_tokens),
     )  # fmt: skip
     metrics.tgi_request_success.inc()
+    tracing.record_generation(timings, generated_tokens)
     metrics.tgi_request_duration.observe(timings.total_s)
     metrics.tgi_request_validation_duration.observe(timings.validation_s)
     metrics.tgi_request_queue_duration.observe(timings.queue_s)

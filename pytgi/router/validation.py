@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
@@ -95,7 +97,18 @@ class Validator:
         self.disable_grammar_support = disable_grammar_support
         self.engine_supports_grammar = engine_supports_grammar
         self.grammar_config = grammar_config or GrammarConfig()
+        # TGI's --validation-workers: the threads tokenizing prompts off the event loop
+        self._pool = ThreadPoolExecutor(limits.validation_workers, "pytgi-validation")
         self.lora_adapters = cache_info.lora_adapters
+
+    async def _tokenize(self, method, inputs: str, add_special_tokens: bool, *args, **kwargs):
+        """Run a tokenizer method on the validation workers (a long prompt must not stall other
+        streams)."""
+        call = partial(method, inputs, *args, add_special_tokens=add_special_tokens, **kwargs)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except (TypeError, ValueError, UnicodeError) as exc:
+            raise input_error(f"tokenizer error {exc}") from exc
 
     def check_best_of(self, params: GenerateParameters, *, stream: bool = False) -> int:
         """The checks TGI runs before taking a permit (TGI_COMPATIBILITY.md §11 step 1, §7)."""
@@ -162,7 +175,7 @@ class Validator:
         placeholder tokens, counted in the prompt's length) and where each image sits; a
         truncation that cuts an image is refused."""
         text, images = await self.images.expand(inputs)
-        ids = (await _tokenize(self.tokenizer.encode, text, add_special_tokens)).ids
+        ids = (await self._tokenize(self.tokenizer.encode, text, add_special_tokens)).ids
         if truncate is not None and len(ids) > truncate:
             ids = ids[-truncate:]
         return ids, self.images.place(ids, images)
@@ -226,7 +239,7 @@ class Validator:
         """Tokenize with offsets (`/tokenize`): refused, after counting no further than needed,
         when longer than `max_input_tokens`, so the response stays bounded."""
         await self._refuse_if_too_long(inputs, add_special_tokens, None)
-        return await _tokenize(self.tokenizer.encode, inputs, add_special_tokens)
+        return await self._tokenize(self.tokenizer.encode, inputs, add_special_tokens)
 
     async def encode_prompt(
         self,
@@ -240,9 +253,9 @@ class Validator:
         all of them after a bounded count showed they can fit."""
         if truncate is not None:
             tail = self.tokenizer.encode_tail
-            return await _tokenize(tail, inputs, add_special_tokens, truncate)
+            return await self._tokenize(tail, inputs, add_special_tokens, truncate)
         await self._refuse_if_too_long(inputs, add_special_tokens, max_new_tokens)
-        encoded = await _tokenize(self.tokenizer.encode, inputs, add_special_tokens)
+        encoded = await self._tokenize(self.tokenizer.encode, inputs, add_special_tokens)
         return encoded.ids
 
     async def _refuse_if_too_long(
@@ -255,7 +268,7 @@ class Validator:
             return
         cap = self.max_input_tokens + self.max_input_tokens // 8 + 64
         count = self.tokenizer.count_tokens
-        counted = await _tokenize(count, inputs, add_special_tokens, stop_after=cap)
+        counted = await self._tokenize(count, inputs, add_special_tokens, stop_after=cap)
         if counted > cap:
             self._check_lengths(counted, max_new_tokens)
 
@@ -319,13 +332,3 @@ def _check_top_k(value: int | None) -> int:
     if value is not None and value <= 0:
         raise input_error("`top_k` must be strictly positive")
     return 0 if value is None else value
-
-
-async def _tokenize(method, inputs: str, add_special_tokens: bool, *args, **kwargs):
-    """Run a tokenizer method off the event loop (a long prompt must not stall other streams)."""
-    try:
-        return await asyncio.to_thread(
-            method, inputs, *args, add_special_tokens=add_special_tokens, **kwargs
-        )
-    except (TypeError, ValueError, UnicodeError) as exc:
-        raise input_error(f"tokenizer error {exc}") from exc

@@ -15,6 +15,7 @@ from pytgi.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    default_max_batch_prefill_tokens,
     parse_lora_adapters,
 )
 from pytgi.engine.engine_core import EngineCore
@@ -43,7 +44,7 @@ def engine_config(
     block_size: int = 16,
     num_blocks: int | None = None,
     enable_prefix_caching: bool = True,
-    max_batch_prefill_tokens: int = 4096,
+    max_batch_prefill_tokens: int | None = None,
     max_batch_total_tokens: int | None = None,
     max_batch_size: int | None = None,
     num_shard: int = 1,
@@ -63,6 +64,7 @@ def engine_config(
 
     `grammar`: constrained decoding (`SamplingParams.grammar`) with these limits, or the defaults
     (True), or off (False: no vocabulary is built; grammar requests fail).
+    `max_batch_prefill_tokens`: None = `pytgi serve`'s default for the device (smaller on CPU).
     `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
     one with `EngineRequest.adapter_id` (`LLM.generate(..., adapter_ids=...)`).
     A Medusa / MLP-speculator checkpoint serves its base model with its heads drafting (`speculate`
@@ -91,6 +93,9 @@ def engine_config(
         },
     )
     model, speculate = resolve_speculator(model, speculate or None)
+    device = envs.device_config()
+    if max_batch_prefill_tokens is None:
+        max_batch_prefill_tokens = default_max_batch_prefill_tokens(_platform(device.device))
     return EngineConfig(
         model=model,
         cache=CacheConfig(
@@ -108,6 +113,15 @@ def engine_config(
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard, **envs.parallel_fields()),
-        device=envs.device_config(),
+        device=device,
         num_threads=num_threads,
     )
+
+
+def _platform(device: str) -> str:
+    """The platform the engine will pick (backends/selector.py)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -37,7 +37,7 @@ class GenerationOutput:
 
 class LLM:
     def __init__(self, model_id: str | None = None, **options):
-        self.config = engine_config(model_id, **options)
+        self.config = _resolved(engine_config(model_id, **options))
         self.core = build_engine_core(self.config)
         self.tokenizer = _load_tokenizer(self.config.model)
 
@@ -128,6 +128,15 @@ def _apply(out: GenerationOutput, delta: RequestOutput) -> None:
     if delta.finished:
         out.finish_reason = delta.finish_reason
         out.num_cached_tokens = delta.num_cached_tokens
+
+
+def _resolved(config):
+    """The config with its model resolved to the local directory every part reads, as the
+    launcher does: a GGUF file's prepared directory (its tokenizer, for the grammar engine too)."""
+    from pytgi.models.resolve import resolve_model
+
+    model = replace(config.model, model_id=str(resolve_model(config.model)), gguf_file=None)
+    return replace(config, model=model)
 
 
 def _load_tokenizer(model: ModelConfig):

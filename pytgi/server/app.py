@@ -33,8 +33,10 @@ from pytgi.server.middleware import (
     BodyLimitMiddleware,
     CloseOn5xx,
     GateMiddleware,
+    TracingMiddleware,
 )
 from pytgi.server.sse import DEFAULT_KEEP_ALIVE_S
+from pytgi.utils import tracing
 
 if TYPE_CHECKING:  # the router is only called through these methods
     from pytgi.router.infer import Infer
@@ -120,6 +122,8 @@ def _add_middleware(app: FastAPI, config: ServerConfig, health: HealthState) -> 
         allow_methods=["GET", "POST"],
         allow_headers=["content-type", "authorization"],
     )
+    if tracing.enabled():
+        app.add_middleware(TracingMiddleware)
 
 
 def create_metrics_app(engine: EngineClient, cache_info: CacheInfo) -> ASGIApp:

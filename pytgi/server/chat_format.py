@@ -3,8 +3,9 @@
 
 Field order and values follow TGI: `id` is "", `system_fingerprint` is `<version>-<label>`, the
 finish reason maps only `eos_token` to `"stop"`, every delta carries `role` and a string
-`content` (never null: some clients cannot parse a null delta), non-streaming tool calls use id
-"0" and JSON-string `arguments`.
+`content` (never null: some clients cannot parse a null delta) and, unlike TGI, `"tool_calls":
+null` in text deltas (the `text_generation` client's model requires that key), non-streaming
+tool calls use id "0" and JSON-string `arguments`.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def generation_logprobs(gen: Generation) -> dict[str, Any]:
 
 
 def tool_call_message(call: ToolCall) -> dict[str, Any]:
-    function = {
-        "description": None,
-        "name": call.name,
-        "arguments": json.dumps(call.arguments, ensure_ascii=False),
-    }
+    return arguments_message(call.name, json.dumps(call.arguments, ensure_ascii=False))
+
+
+def arguments_message(name: str, arguments: str) -> dict[str, Any]:
+    """A tool call whose `arguments` is JSON text (a call cut off by max_tokens: its prefix)."""
+    function = {"description": None, "name": name, "arguments": arguments}
     return {
         "role": "assistant",
         "tool_calls": [{"id": "0", "type": "function", "function": function}],
@@ -58,11 +60,16 @@ def tool_call_message(call: ToolCall) -> dict[str, Any]:
 
 
 def chat_completion(
-    ctx: ServerContext, gen: Generation, *, tool_call: ToolCall | None, logprobs: bool
+    ctx: ServerContext,
+    gen: Generation,
+    *,
+    tool_call: ToolCall | None,
+    logprobs: bool,
+    message: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    if tool_call is not None:
+    if message is None and tool_call is not None:
         message = tool_call_message(tool_call)
-    else:
+    elif message is None:
         message = {"role": "assistant", "content": gen.generated_text}
     choice = {
         "index": 0,
@@ -104,7 +111,8 @@ class ChatChunks:
         reason = event.details.finish_reason if event.details is not None else None
         choice = {
             "index": 0,
-            "delta": {"role": "assistant", "content": event.text_delta},
+            # `tool_calls: null`: text_generation's client requires the key in every delta
+            "delta": {"role": "assistant", "content": event.text_delta, "tool_calls": None},
             "logprobs": {"content": [_logprob_entry(event.token, event.top_tokens)]}
             if logprobs
             else None,

@@ -4,7 +4,8 @@
 `docker_label`, `validation_workers`, `compute_type`, `model_architecture`,
 `model_implementation` ("native" or "transformers": which code serves the model), `quantize` (the
 `--quantize` method, or "gguf") and `weight_types` (a GGUF file's tensor types, e.g. "Q4_1 x210,
-F32 x61"); the last four are extra /info keys. Missing keys fall back to the configs.
+F32 x61") and `speculate`; the last five are extra /info keys. Missing keys fall back to the
+configs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ if TYPE_CHECKING:  # the router is only called through these methods
 TGI_VERSION = "3.3.6-dev0"  # the TGI release whose API we serve (/info.version, OpenAPI)
 DEFAULT_VALIDATION_WORKERS = 2
 # extra /info keys, when known
-MODEL_KEYS = ("model_architecture", "model_implementation", "quantize", "weight_types")
+MODEL_KEYS = (
+    "model_architecture",
+    "model_implementation",
+    "quantize",
+    "weight_types",
+    "speculate",  # --speculate: draft tokens per decode step
+)
 
 
 @dataclass

@@ -8,6 +8,8 @@ match), never on a URL rebuilt from the `Host` header (CVE-2026-48746).
   bare 401.
 - `GateMiddleware`: counts in-flight POSTs for the graceful drain and answers 503 to new ones while
   the server is not `ready`.
+- `TracingMiddleware`: with `--otlp-endpoint`, one OpenTelemetry span per request
+  (utils/tracing.py), current while the app runs, so a stream's phases become its children.
 - `BodyLimitMiddleware`: `--payload-limit`: 413 as soon as `Content-Length` or the bytes read so
   far (chunked bodies too) exceed the limit; the accepted body is replayed to the app.
 - `CloseOn5xx` (outermost, around Starlette's own error middleware): every 5xx response says
@@ -24,6 +26,7 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pytgi.server.health import HealthState
+from pytgi.utils import tracing
 
 UNPROTECTED_POST_PATHS = frozenset({"/chat_tokenize"})
 
@@ -82,6 +85,30 @@ class GateMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.health.request_finished()
+
+
+class TracingMiddleware:
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        status = 500  # unless a response starts
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        with tracing.request_span(scope["method"], scope["path"], headers) as span:
+            try:
+                await self.app(scope, receive, send_status)
+            finally:
+                tracing.end_request_span(span, status)
 
 
 class PayloadTooLarge(Exception):

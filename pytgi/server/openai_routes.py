@@ -19,11 +19,12 @@ from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from pytgi import metrics
-from pytgi.errors import TemplateError, ValidationError
+from pytgi.errors import TemplateError, ToolError, ValidationError
+from pytgi.messages.request import FinishReason
 from pytgi.router.outputs import ChatPrompt, Generation, StreamDetails
 from pytgi.router.params import GrammarParam
-from pytgi.router.tools import NO_TOOL
-from pytgi.server.chat_format import ChatChunks, chat_completion, usage
+from pytgi.router.tools import NO_TOOL, parse_tool_call
+from pytgi.server.chat_format import ChatChunks, arguments_message, chat_completion, usage
 from pytgi.server.context import ServerContext, get_context
 from pytgi.server.disconnect import until_disconnected
 from pytgi.server.errors import openai_event_stream
@@ -66,11 +67,41 @@ def _no_tool_request(req: ChatRequest) -> ChatRequest:
     return req.model_copy(update={"tools": None, "tool_choice": None})
 
 
+def cut_off_tool_call(gen: Generation) -> dict[str, Any] | None:
+    """A tool call that max_tokens cut off, as OpenAI answers it (finish_reason "length"): the
+    name and the arguments written so far. TGI answers 422 "Failed to parse generated text";
+    clients (LangChain's function-calling structured output) handle OpenAI's answer. None when
+    the text is a whole call, the name is not written yet, or the generation did not stop on
+    length."""
+    if gen.finish_reason != FinishReason.LENGTH or _is_whole_call(gen.generated_text):
+        return None
+    streamer = ToolCallStreamer()
+    pieces = streamer.feed(gen.generated_text)
+    if streamer.name is None:  # a name cut off right after its closing quote is complete
+        pieces = streamer.feed(",")
+    if streamer.name is None or streamer.name == NO_TOOL:
+        return None  # as TGI: 422, or (tool_choice auto) the answer without tools
+    pieces += streamer.finish()
+    return arguments_message(streamer.name, "".join(fragment for _, fragment in pieces))
+
+
+def _is_whole_call(text: str) -> bool:
+    try:
+        parse_tool_call(text)
+    except ToolError:
+        return False
+    return True
+
+
 async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) -> JSONBody:
     params = req.generate_parameters(prompt.grammar, ctx.lora_adapters)
     gen = await ctx.infer.generate(prompt.text, params, add_special_tokens=False)
     tool_call = None
     if prompt.uses_tools:
+        message = cut_off_tool_call(gen)
+        if message is not None:
+            body = chat_completion(ctx, gen, tool_call=None, logprobs=req.logprobs, message=message)
+            return _chat_body(ctx, prompt, gen, body)
         tool_call = ctx.infer.parse_tool_call(gen.generated_text, prompt)
         if tool_call.name == NO_TOOL:
             plain = _no_tool_request(req)
@@ -78,6 +109,10 @@ async def chat_json(ctx: ServerContext, req: ChatRequest, prompt: ChatPrompt) ->
             gen = await _generate_plain(ctx, plain, prompt)
             tool_call = None
     body = chat_completion(ctx, gen, tool_call=tool_call, logprobs=req.logprobs)
+    return _chat_body(ctx, prompt, gen, body)
+
+
+def _chat_body(ctx: ServerContext, prompt: ChatPrompt, gen: Generation, body: dict) -> JSONBody:
     headers = generation_headers(
         ctx.compute_type, prompt.text, gen.timings, gen.input_length, gen.generated_tokens
     )

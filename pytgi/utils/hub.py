@@ -77,6 +77,8 @@ def resolve_model_dir(
     snapshot = _snapshot(model, patterns)
     if check_config is not None:
         check_config(snapshot)
+    if model.weights_dir is not None:  # --weights-cache-override: the weights are there already
+        return snapshot
     pinned = _pin_revision(model, snapshot)  # later passes must not follow a branch that moved
     snapshot = _snapshot(pinned, safetensors_patterns(snapshot))
     if any(snapshot.glob("*.safetensors")):

@@ -102,7 +102,8 @@ class ModelRunner:
         if self.tp.is_first_rank:
             from pytgi.sampling.sampler import Sampler
 
-            self.sampler = Sampler(self.spec.vocab_size)
+            watermark = self.config.watermark
+            self.sampler = Sampler(self.spec.vocab_size, watermark.gamma, watermark.delta)
 
     def _load_lora_adapters(self) -> None:
         adapters = self.config.model.lora_adapters

@@ -182,3 +182,24 @@ def test_fallback_baseline_runs_the_same_tokens(tiny_model_factory):
     assert set(ratios(case)) == {"pytgi_transformers"}
     for runs in case.runs.values():
         assert runs[0].num_output_tokens == case.workload.num_output_tokens
+
+
+def test_a_gguf_file_is_benchmarked_like_a_checkpoint(tiny_gguf):
+    """`pytgi bench --model-id model.gguf`: pytgi serves the file and transformers (the
+    baseline) dequantizes it."""
+    from pytgi.benchmark.engine.suite import BenchOptions, run_suite
+
+    path, _ = tiny_gguf
+    options = BenchOptions(
+        model_id=str(path),
+        workloads=tuple(sweep_workloads([1], [6], [3])),
+        num_threads=1,
+        repeats=1,
+        bandwidth_bytes=1 << 20,
+        gemm_size=64,
+    )
+    result = run_suite(options, log=lambda line: None)
+    (case,) = result.cases
+    assert set(case.runs) == {"pytgi", "hf_sequential"}
+    for (run,) in case.runs.values():
+        assert run.num_output_tokens == case.workload.num_output_tokens

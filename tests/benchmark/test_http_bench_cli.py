@@ -230,3 +230,13 @@ def test_other_targets_plug_in_through_run_load_bench(parse_bench_args, bench_ar
     assert_consistent(step)
     assert step["num_sent"] == 12 and sender.num_sent == 12 + 2  # two warm-up requests
     assert all(r["token_events"] == r["output_tokens"] for r in step["requests"])
+
+
+def test_tokenizer_name_takes_a_gguf_file(tiny_gguf):
+    """`pytgi bench --tokenizer-name model.gguf`: the file's own tokenizer, as the server's."""
+    from pytgi.benchmark.http.tokenizer import load_tokenizer
+
+    path, model_dir = tiny_gguf
+    text = "And God said, Let there be light"
+    reference = load_tokenizer(str(model_dir / "tokenizer.json"))
+    assert load_tokenizer(str(path)).encode(text) == reference.encode(text)

@@ -46,8 +46,10 @@ def test_generate_rejects_bad_sampling_flags(capsys):
         (["--validation-workers", "0"], "`validation_workers` must be > 0"),
         (["--max-batch-size", "0"], "`max_batch_size` must be > 0"),
         (["--sharded", "true", "--num-shard", "1"], "`sharded` is true but `num_shard` <= 1"),
-        (["--quantize", "gptq"], "--quantize gptq is not supported on CPU by pytgi (supported: "
-         "eetq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8)"),
+        (["--quantize", "exl2"], "--quantize exl2 is not supported on CPU by pytgi (supported: "
+         "eetq, bitsandbytes, bitsandbytes-nf4, bitsandbytes-fp4, fp8, gptq, awq, "
+         "compressed-tensors, marlin)"),
+        (["--quantize", "gptq"], "--quantize gptq needs a checkpoint already quantized with gptq"),
         (["--quantize", "eetq", "--dtype", "bfloat16"],
          "--quantize eetq runs its kernels on float32 activations on CPU: use --dtype float32 "
          "(got bfloat16)"),

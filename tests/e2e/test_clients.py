@@ -5,6 +5,8 @@ against transformers.
 
 from __future__ import annotations
 
+import json
+
 import huggingface_hub
 import pytest
 import torch
@@ -140,3 +142,41 @@ def test_huggingface_hub_client(pytgi_server_url, monkeypatch):
     assert (
         "".join(p.choices[0].delta.content or "" for p in parts) == chat.choices[0].message.content
     )
+
+
+def test_tgi_client_streams_chat(pytgi_server_url):
+    """text_generation 0.7.0's chat stream requires `tool_calls` in every delta (null in text)."""
+    from text_generation.types import Message
+
+    client = Client(pytgi_server_url, timeout=60)
+    messages = [Message(role="user", content="Say hi")]
+    chunks = []
+    # the client ends on the stream's closing `data: [DONE]` (not JSON), as against TGI
+    with pytest.raises(json.JSONDecodeError, match="line 1 column 3"):
+        chunks.extend(client.chat(messages, stream=True, max_tokens=6, temperature=0.0))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat(messages, max_tokens=6, temperature=0.0)
+    assert text == whole.choices[0].message.content
+    assert all(c.choices[0].delta.tool_calls is None for c in chunks if c.choices)
+
+
+def test_tool_call_cut_off_by_max_tokens_is_openai_partial(pytgi_server_url):
+    """OpenAI's answer (TGI's is a 422): the call so far, finish_reason "length"."""
+    from fixtures.tools import WEATHER
+
+    client = OpenAI(base_url=f"{pytgi_server_url}/v1", api_key="-")
+    resp = client.chat.completions.create(
+        model="tgi",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=30,
+        temperature=0,
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert call.function.arguments.startswith("{")
+    with pytest.raises(ValueError):
+        json.loads(call.function.arguments)  # cut off: not yet a whole JSON object

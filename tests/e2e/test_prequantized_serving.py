@@ -1,9 +1,10 @@
 """Pre-quantized checkpoints through the real server: a tiny Llama stored as GPTQ (4-bit
-asymmetric, act-order, checkpoint format v1), AWQ (GEMM), compressed-tensors W4A16 (written by
-the library's own compressor) and FP8 with DeepSeek-style block scales, each with its producer's
-config (transformers' config classes, compressed-tensors' QuantizationConfig). The server finds
-the method on its own, names it in /info, and its greedy tokens equal transformers' eager forward
-on the format's dequantised weights. What pytgi cannot serve ends the launcher in one line.
+asymmetric, act-order, checkpoint format v1, on two tensor-parallel ranks), AWQ (GEMM),
+compressed-tensors W4A16 (written by the library's own compressor) and FP8 with DeepSeek-style
+block scales, each with its producer's config (transformers' config classes, compressed-tensors'
+QuantizationConfig). The server finds the method on its own, names it in /info, and its greedy
+tokens equal transformers' eager forward on the format's dequantised weights. What pytgi cannot
+serve ends the launcher in one line.
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def transformers_greedy(model_dir, reference: dict, prompts_ids: list[list[int]]
     return outs
 
 
-FORMATS = ["gptq", "awq", "compressed-tensors", "fp8"]
+# GPTQ runs on two tensor-parallel ranks: act-order row-parallel shards sort their own columns
+CASES = [("gptq", ["--num-shard", "2"]), ("awq", []), ("compressed-tensors", []), ("fp8", [])]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_prequantized_checkpoint_is_served_as_transformers_runs_it(fmt, tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize(("fmt", "flags"), CASES)
+def test_prequantized_checkpoint_is_served_as_transformers_runs_it(
+    fmt, flags, tiny_llama_dir, tmp_path
+):
     model_dir = tmp_path / fmt
     reference = build_checkpoint(tiny_llama_dir, model_dir, fmt)
-    server = ServerProcess(model_dir, log_path=tmp_path / "server.log")
+    server = ServerProcess(model_dir, *flags, log_path=tmp_path / "server.log")
     try:
         server.wait_healthy(timeout_s=300)
         info = httpx.get(f"{server.url}/info").json()
@@ -78,6 +82,7 @@ def launcher(*args: str) -> subprocess.CompletedProcess:
         ({"quant_method": "awq", "version": "gemm"}, ["--quantize", "gptq"],
          "--quantize gptq does not match"),
         (None, ["--quantize", "awq"], "--quantize awq needs a checkpoint already quantized"),
+        ({"quant_method": "gptq"}, ["--dtype", "bfloat16"], "use --dtype float32"),
     ],
 )  # fmt: skip
 def test_refused_checkpoints_end_the_launcher_in_one_line(

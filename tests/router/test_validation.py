@@ -309,3 +309,24 @@ def test_params_accept_nulls_and_ignore_unknown_fields():
     p = P.model_validate({"stop": None, "details": None, "do_sample": None, "unknown": 1})
     assert p.stop == [] and p.details is False and p.do_sample is False
     assert P.when_absent().do_sample is True
+
+
+async def test_validation_workers_tokenize_concurrently(tokenizer, cache_info, monkeypatch):
+    """--validation-workers: prompts are tokenized on that many threads, side by side."""
+    import asyncio
+    import threading
+
+    limits = LimitsConfig(validation_workers=3)
+    v = Validator(tokenizer, limits, cache_info)
+    barrier = threading.Barrier(3, timeout=10)  # passes only with 3 tokenizations at once
+    names = set()
+    encode = tokenizer.encode
+
+    def waiting_encode(*args, **kwargs):
+        names.add(threading.current_thread().name)
+        barrier.wait()
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", waiting_encode)
+    await asyncio.gather(*(v.validate(f"Hello {i}", P()) for i in range(3)))
+    assert len(names) == 3 and all(n.startswith("pytgi-validation") for n in names)

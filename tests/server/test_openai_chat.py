@@ -93,7 +93,7 @@ async def test_chat_stream_with_usage():
     assert response.headers["content-type"].startswith("text/event-stream")
     chunks = events(response.text)
     deltas = [c["choices"][0]["delta"] for c in chunks[:-1]]
-    assert deltas[0] == {"role": "assistant", "content": " Hello"}
+    assert deltas[0] == {"role": "assistant", "content": " Hello", "tool_calls": None}
     assert "".join(d["content"] for d in deltas) == " Hello world!"
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, "length"]
     assert all(c["usage"] is None for c in chunks[:-1])

@@ -59,6 +59,7 @@ from pytgi.backends.base import (
     KVCache,
     KVCacheSpec,
     KVScales,
+    LatentAttentionSpec,
 )
 from pytgi.errors import ModelLoadError
 from pytgi.utils.math import cdiv
@@ -416,6 +417,8 @@ class CpuAttentionBackend(AttentionBackend):
         return CpuAttentionImpl(params, self.kernels)
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:
+        if isinstance(spec, LatentAttentionSpec):  # one vector per token (layers/latent_attention)
+            return (torch.zeros(num_blocks * block_size, spec.head_size, dtype=spec.dtype),)
         shape = (spec.num_kv_heads, num_blocks * block_size, spec.head_size)
         return (
             torch.zeros(shape, dtype=spec.dtype, device=device),

@@ -31,6 +31,7 @@ from pytgi.backends.base import (
     AttentionParams,
     KVCache,
     KVCacheSpec,
+    LatentAttentionSpec,
 )
 from pytgi.backends.cuda import triton_attention as kernels
 from pytgi.errors import ModelLoadError
@@ -55,6 +56,7 @@ class TritonAttentionMetadata:
     prefill_tiles: torch.Tensor | None  # [N, 4] int64: flat start, queries, first position, row
     block_table: torch.Tensor  # [R, W] int64, every row (prefill tiles index it)
     block_size: int
+    batch: AttentionBatch | None = None  # the step's host-side layout (latent attention reads it)
 
     @property
     def num_tokens(self) -> int:
@@ -106,6 +108,7 @@ class TritonMetadataBuilder(AttentionMetadataBuilder):
             prefill_tiles=None if tiles is None else tiles.to(device, non_blocking=True),
             block_table=table,
             block_size=batch.block_size,
+            batch=batch,
         )
 
 
@@ -222,6 +225,9 @@ class TritonAttentionBackend(AttentionBackend):
         return TritonAttentionImpl(params)
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:
+        if isinstance(spec, LatentAttentionSpec):  # one vector per token (layers/latent_attention)
+            size = (num_blocks * block_size, spec.head_size)
+            return (torch.zeros(size, dtype=spec.dtype, device=device),)
         shape = (num_blocks, block_size, spec.num_kv_heads)
         return (
             torch.zeros(*shape, spec.head_size, dtype=spec.dtype, device=device),

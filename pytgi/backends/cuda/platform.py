@@ -45,7 +45,10 @@ class CudaPlatform(Platform):
 
             self.kernels = ops
         else:
-            logger.info("Triton layer kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch ops")
+            logger.info(
+                "Triton layer kernels disabled (--disable-custom-kernels or PYTGI_CPU_KERNELS=0): "
+                "pure-torch ops"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -76,6 +79,9 @@ class CudaPlatform(Platform):
         sizes = self.config.cuda_graphs
         if not sizes or not self.config.decode_accelerator:
             logger.info("CUDA graphs off (--cuda-graphs 0 or PYTGI_FUSED_DECODE=0): eager decode")
+            return None
+        if not model.steps_capturable():
+            logger.info("CUDA graphs off: this model's layers choose work on the host per step")
             return None
         from pytgi.backends.cuda.graphs import CudaGraphRunner
 

@@ -48,8 +48,15 @@ class HfRunner:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
+        from pytgi.models.gguf.prepared import gguf_source
+
         hf_logging.set_verbosity_error()  # no per-call warnings in the benchmark's output
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        gguf = gguf_source(model_dir)  # a GGUF model: transformers dequantizes the file itself
+        source = {"gguf_file": gguf.name} if gguf is not None else {}
+        where = gguf.parent if gguf is not None else model_dir
+        self.model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=getattr(torch, dtype), **source
+        )
         self.model.to(device=device, dtype=getattr(torch, dtype)).eval()
         self.device = device
         config = self.model.generation_config

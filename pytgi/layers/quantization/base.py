@@ -56,6 +56,9 @@ class QuantConfig(ABC):
     """A quantization format: which `LinearMethod` each linear layer uses."""
 
     name: str
+    # whether the checkpoint hands mixture-of-experts weights over in full precision (GGUF's
+    # experts are dequantized at load); MoE layers refuse a format that would quantize them
+    experts_in_full_precision: bool = False
 
     @abstractmethod
     def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod:

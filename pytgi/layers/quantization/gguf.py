@@ -51,6 +51,7 @@ class GGUFQuantConfig(QuantConfig):
     the tensors a fused layer loads."""
 
     name = "gguf"
+    experts_in_full_precision = True  # models/gguf/checkpoint.py dequantizes stacked experts
 
     def __init__(
         self,

@@ -22,7 +22,13 @@ from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 from pytgi.models.gguf.blocks import DECODERS, decode_blocks
 from pytgi.models.gguf.metadata import field_value, hf_config, read_metadata
-from pytgi.models.gguf.names import CONFIG_TENSORS, hf_name, llama_name_map, unpermute_rows
+from pytgi.models.gguf.names import (
+    CONFIG_TENSORS,
+    hf_name,
+    llama_name_map,
+    split_expert_names,
+    unpermute_rows,
+)
 from pytgi.models.gguf.tokenizer import GGUFTokenizer, build_tokenizer, write_hf_files
 
 logger = logging.getLogger(__name__)
@@ -65,14 +71,29 @@ class GGUFCheckpoint:
         """How many tensors of each GGML type the file holds, e.g. {"Q4_1": 210, "F32": 61}."""
         return dict(Counter(t.tensor_type.name for t in self.reader.tensors))
 
+    @property
+    def num_experts(self) -> int:
+        return int(self.metadata.config.get("num_local_experts", 0))
+
+    def _name_map(self) -> dict[str, str]:
+        return llama_name_map(int(self.metadata.config["num_hidden_layers"]), self.num_experts)
+
     def hf_tensor_types(self) -> dict[str, str]:
-        """HF name -> GGML type name of every tensor `iter_weights` yields (no data is read)."""
-        names = llama_name_map(int(self.metadata.config["num_hidden_layers"]))
+        """HF name -> GGML type name of every tensor `iter_weights` yields (no data is read);
+        experts, split and dequantized, are F32."""
+        names = self._name_map()
         types = {}
         for tensor in self.reader.tensors:
             name = hf_name(names, tensor.name)
-            if name is not None:
-                types[name] = tensor.tensor_type.name
+            if name is None:
+                continue
+            experts = split_expert_names(name, self.num_experts)
+            for expert in experts or []:
+                types[expert] = "F32"
+            if experts is None:
+                types[name] = (
+                    "F32" if ".gate." in name and self.num_experts else tensor.tensor_type.name
+                )
         return types
 
     def close(self) -> None:
@@ -83,7 +104,7 @@ class GGUFCheckpoint:
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
         """`(HF name, tensor or QuantizedWeight)` per GGUF tensor, in file order, one at a time."""
         config = self.metadata.config
-        names = llama_name_map(int(config["num_hidden_layers"]))
+        names = self._name_map()
         num_heads = int(config["num_attention_heads"])
         rotary_heads = {
             "self_attn.q_proj": num_heads,
@@ -93,11 +114,36 @@ class GGUFCheckpoint:
             name = hf_name(names, tensor.name)
             if name is None:
                 continue
+            experts = split_expert_names(name, self.num_experts)
+            if experts is not None:
+                yield from zip(experts, _dequantized_experts(tensor, self.num_experts), strict=True)
+                continue
             value = read_tensor(tensor)
+            if self.num_experts and ".gate." in name and isinstance(value, QuantizedWeight):
+                value = value.dequantize()  # the router runs in full precision
             heads = next((n for module, n in rotary_heads.items() if f".{module}." in name), None)
             if heads is not None:
                 value = unpermute_rows(value, heads)
             yield name, value
+
+
+def _dequantized_experts(tensor: ReaderTensor, num_experts: int) -> torch.Tensor:
+    """A stacked expert tensor [E, N, K] as fp32 (quantized blocks decoded, then dequantized:
+    the experts run on the fp32 path, pytgi has no quantized expert kernels yet)."""
+    shape = [int(d) for d in reversed(tensor.shape.tolist())]
+    if len(shape) != 3 or shape[0] != num_experts:
+        raise ModelLoadError(f"GGUF tensor `{tensor.name}` is not {num_experts} stacked experts")
+    if tensor.tensor_type in _PLAIN:
+        data = torch.from_numpy(np.array(tensor.data))
+        return data.reshape(shape).float()
+    if tensor.tensor_type not in DECODERS:
+        raise ModelLoadError(
+            f"GGUF tensor `{tensor.name}` has type {tensor.tensor_type.name}, which is not "
+            "supported"
+        )
+    rows = shape[0] * shape[1]
+    weight = decode_blocks(tensor.data.reshape(rows, -1), tensor.tensor_type, tensor.name)
+    return weight.dequantize().float().reshape(shape)
 
 
 def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedWeight:

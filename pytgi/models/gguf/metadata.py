@@ -62,6 +62,12 @@ def read_metadata(reader: GGUFReader) -> GGUFMetadata:
         if hf_key in _REQUIRED and hf_key not in config:
             raise ModelLoadError(f"The GGUF file has no `{architecture}.{gguf_key}` metadata")
     config.update(_renamed(reader, {"tokenizer": GGUF_CONFIG_MAPPING["tokenizer"]}))
+    experts = field_value(reader, f"{architecture}.expert_count")
+    if experts:  # llama.cpp writes Mixtral as `llama` with experts
+        config["num_local_experts"] = int(experts)
+        config["num_experts_per_tok"] = int(
+            field_value(reader, f"{architecture}.expert_used_count")
+        )
     config["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     tokenizer = _renamed(reader, {"tokenizer": GGUF_TOKENIZER_MAPPING["tokenizer"]})
     if "vocab_size" not in config and "tokens" in tokenizer:
@@ -122,9 +128,10 @@ def _renamed(reader: GGUFReader, table: dict[str, dict[str, str | None]]) -> dic
 
 
 def hf_config(meta: GGUFMetadata, freq_factors: list[float] | None = None):
-    """A transformers config object pytgi's model for `meta.architecture` accepts;
-    `freq_factors`: the file's `rope_freqs` tensor, if it has one."""
-    from transformers import LlamaConfig
+    """A transformers config object pytgi's model for `meta.architecture` accepts (a `llama`
+    file with experts is a Mixtral); `freq_factors`: the file's `rope_freqs` tensor, if it has
+    one."""
+    from transformers import LlamaConfig, MixtralConfig
 
     fields = dict(meta.config)
     fields.pop("model_type", None)
@@ -137,8 +144,12 @@ def hf_config(meta: GGUFMetadata, freq_factors: list[float] | None = None):
                 "not supported"
             )
         scaling = {"rope_type": "freq_factors", "freq_factors": freq_factors}
-    config = LlamaConfig(**fields, rope_scaling=scaling)
-    config.architectures = [SUPPORTED_ARCHITECTURES[meta.architecture]]
+    moe = "num_local_experts" in fields
+    config_class = MixtralConfig if moe else LlamaConfig
+    config = config_class(**fields, rope_scaling=scaling)
+    config.architectures = [
+        "MixtralForCausalLM" if moe else SUPPORTED_ARCHITECTURES[meta.architecture]
+    ]
     config._name_or_path = name or ""
     return config
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 import gguf
 import torch
@@ -42,13 +43,38 @@ CONFIG_TENSORS = ("rope_freqs.weight",)
 _IGNORED: dict[str, str] = {}
 
 
-def llama_name_map(num_layers: int) -> dict[str, str]:
-    """GGUF name -> HF name of every weight and bias a Llama of `num_layers` layers can have."""
+# llama.cpp's stacked experts of a Mixtral layer -> the per-expert HF module they split into
+STACKED_EXPERTS = {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"}
+_MOE_PREFIX = "block_sparse_moe"
+_PER_EXPERT = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight$")
+
+
+def stacked_expert_name(layer: int, gguf_module: str) -> str:
+    """The HF-side name under which a stacked expert tensor is read (split per expert later)."""
+    return f"model.layers.{layer}.{_MOE_PREFIX}.experts.{STACKED_EXPERTS[gguf_module]}"
+
+
+def split_expert_names(name: str, num_experts: int) -> list[str] | None:
+    """The per-expert HF names of a stacked expert name, None for any other name."""
+    parent, _, module = name.rpartition(".experts.")
+    if not parent.endswith(_MOE_PREFIX) or module not in STACKED_EXPERTS.values():
+        return None
+    return [f"{parent}.experts.{e}.{module}.weight" for e in range(num_experts)]
+
+
+def llama_name_map(num_layers: int, num_experts: int = 0) -> dict[str, str]:
+    """GGUF name -> HF name of every weight and bias a Llama of `num_layers` layers can have
+    (with `num_experts`: a Mixtral, its router and stacked experts)."""
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, num_layers)
     hf_names = list(_LLAMA_TOP) + [
         f"model.layers.{i}.{param}" for i in range(num_layers) for param in _LLAMA_LAYER
     ]
     mapping = {}
+    if num_experts:
+        for i in range(num_layers):
+            mapping[f"blk.{i}.ffn_gate_inp.weight"] = f"model.layers.{i}.{_MOE_PREFIX}.gate.weight"
+            for module in STACKED_EXPERTS:
+                mapping[f"blk.{i}.{module}.weight"] = stacked_expert_name(i, module)
     for name in hf_names:
         gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"gguf's tensor map lost {name}"
@@ -65,6 +91,12 @@ def hf_name(name_map: dict[str, str], gguf_name: str) -> str | None:
     if gguf_name in _IGNORED:
         logger.warning("GGUF tensor %s is skipped: %s", gguf_name, _IGNORED[gguf_name])
         return None
+    if _PER_EXPERT.match(gguf_name):
+        raise ModelLoadError(
+            f"GGUF tensor `{gguf_name}`: a Mixtral GGUF with one tensor per expert (the layout "
+            "before llama.cpp stacked them into ffn_*_exps) is not supported; convert the model "
+            "again with a current llama.cpp"
+        )
     raise ModelLoadError(
         f"GGUF tensor `{gguf_name}` has no counterpart in a Llama model (mixture-of-experts and "
         "other variants of llama.cpp's `llama` architecture are not supported)"

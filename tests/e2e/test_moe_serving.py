@@ -1,0 +1,77 @@
+"""The real server on tiny mixture-of-experts checkpoints (Mixtral; DeepSeek-V3 with latent
+attention and its latent cache): served natively (`/info` names the
+architecture, the log the native implementation), greedy tokens through TGI's client equal
+transformers' generate in one continuous batch, on one rank and with DeepSeek's experts and
+latent-attention heads sharded over two ranks (each rank holds its slice of every expert)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from models.runner_utils import load_hf
+from text_generation import Client
+
+from e2e.server import ServerProcess
+
+PROMPTS = ["The quick brown fox", "Hello world! How are you", "def main():"]
+NEW_TOKENS = 12
+CASES = {
+    "mixtral": ("mixtral", "MixtralForCausalLM", ()),
+    "mixtral-gguf": ("mixtral", "MixtralForCausalLM", ()),  # llama.cpp's stacked-expert file
+    "deepseek_v3-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def served(request, tiny_model_factory, tmp_path_factory):
+    arch, architecture, extra = CASES[request.param]
+    model_dir = tiny_model_factory(arch)
+    served_path = model_dir
+    if request.param.endswith("-gguf"):  # full-precision tensors: the reference is the checkpoint
+        from fixtures.gguf_files import write_llama_gguf
+
+        served_path = tmp_path_factory.mktemp("moe-gguf") / f"tiny-{arch}.gguf"
+        write_llama_gguf(model_dir, served_path)
+    log = tmp_path_factory.mktemp(f"moe-{request.param}") / "server.log"
+    server = ServerProcess(served_path, *extra, log_path=log)
+    try:
+        server.wait_healthy(timeout_s=240)
+        yield server, model_dir, architecture
+    finally:
+        server.stop()
+
+
+def _reference(model_dir) -> dict[str, list[int]]:
+    from transformers import AutoTokenizer
+
+    tok, hf = AutoTokenizer.from_pretrained(model_dir), load_hf(model_dir)
+    out = {}
+    for prompt in PROMPTS:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            seq = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=3)
+        out[prompt] = seq[0, ids.shape[1] :].tolist()
+    return out
+
+
+def test_served_natively_with_transformers_greedy_tokens(served):
+    server, model_dir, architecture = served
+    info = httpx.get(f"{server.url}/info").json()
+    assert info["model_architecture"] == architecture
+    assert info["model_implementation"] == "native"
+    assert f"loaded {architecture} (native implementation" in server.logs()
+    reference = _reference(model_dir)
+    client = Client(server.url, timeout=120)
+
+    def generate(prompt: str):
+        return client.generate(prompt, max_new_tokens=NEW_TOKENS, decoder_input_details=True)
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # one continuous batch
+        responses = list(pool.map(generate, PROMPTS))
+    for prompt, resp in zip(PROMPTS, responses, strict=True):
+        ids = [t.id for t in resp.details.tokens]
+        assert ids == reference[prompt][: len(ids)], prompt
+        assert len(ids) == NEW_TOKENS or ids[-1] == 2  # length, or the tiny model's EOS

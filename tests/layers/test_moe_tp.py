@@ -1,0 +1,89 @@
+"""Two real ranks over gloo: a sparse MoE block whose experts and shared expert are split over
+the intermediate dimension equals the unsharded block (rank 0 in the test process, rank 1
+spawned)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from layers.test_tp import free_port
+
+pytestmark = pytest.mark.tp
+
+HIDDEN, EXPERT, SHARED, NUM_EXPERTS = 8, 12, 16, 4
+
+
+def _reference(x, gate, w1, w3, w2, shared, shared_gate, top_k):
+    """Per token: softmax top-k (not renormalised) over full experts, plus the gated shared MLP."""
+    weights, ids = (x @ gate.T).softmax(-1).topk(top_k, dim=-1)
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            h = F.silu(x[t] @ w1[e].T) * (x[t] @ w3[e].T)
+            out[t] += weights[t, j] * (h @ w2[e].T)
+    sg, su, sd = shared
+    shared_out = (F.silu(x @ sg.T) * (x @ su.T)) @ sd.T
+    return out + torch.sigmoid(x @ shared_gate.T) * shared_out
+
+
+def _check_block() -> None:
+    from pytgi.layers.moe.block import SparseMoeBlock
+    from pytgi.layers.moe.config import MoEConfig
+
+    config = MoEConfig(
+        num_experts=NUM_EXPERTS,
+        top_k=2,
+        intermediate_size=EXPERT,
+        renormalize=False,
+        shared_intermediate_size=SHARED,
+        shared_expert_gate=True,
+    )
+    gate = torch.randn(NUM_EXPERTS, HIDDEN)
+    w1, w3 = torch.randn(2, NUM_EXPERTS, EXPERT, HIDDEN).unbind(0)
+    w2 = torch.randn(NUM_EXPERTS, HIDDEN, EXPERT)
+    shared = (torch.randn(SHARED, HIDDEN), torch.randn(SHARED, HIDDEN), torch.randn(HIDDEN, SHARED))
+    shared_gate = torch.randn(1, HIDDEN)
+    x = torch.randn(7, HIDDEN)
+    block = SparseMoeBlock(config, HIDDEN, None, "mlp")
+    with torch.no_grad():
+        block.gate.weight.copy_(gate)
+        experts = block.experts
+        for e in range(NUM_EXPERTS):
+            experts.weight_loader(experts.w13_weight, w1[e], "w1", e)
+            experts.weight_loader(experts.w13_weight, w3[e], "w3", e)
+            experts.weight_loader(experts.w2_weight, w2[e], "w2", e)
+        fused = block.shared_experts.gate_up_proj
+        fused.weight_loader(fused.weight, shared[0], 0)
+        fused.weight_loader(fused.weight, shared[1], 1)
+        down = block.shared_experts.down_proj
+        down.weight_loader(down.weight, shared[2])
+        block.shared_expert_gate.weight_loader(block.shared_expert_gate.weight, shared_gate)
+        assert experts.w13_weight.shape == (NUM_EXPERTS, EXPERT, HIDDEN)  # half of 2 * EXPERT
+        expected = _reference(x, gate, w1, w3, w2, shared, shared_gate, 2)
+        torch.testing.assert_close(block(x), expected, rtol=1e-4, atol=1e-4)
+
+
+def _run_rank(rank: int, port: int) -> None:
+    from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+
+    torch.set_num_threads(1)
+    init_distributed(rank, 2, "127.0.0.1", port)
+    try:
+        torch.manual_seed(0)  # both ranks draw the same full weights and inputs
+        _check_block()
+    finally:
+        destroy_distributed()
+
+
+def test_expert_sharded_block_equals_unsharded():
+    port = free_port()
+    other = mp.get_context("spawn").Process(target=_run_rank, args=(1, port), daemon=True)
+    other.start()
+    try:
+        _run_rank(0, port)
+    finally:
+        other.join(60)
+    assert other.exitcode == 0, f"rank 1 failed (exit code {other.exitcode}); see its stderr"
