@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytgi import envs
 from pytgi.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -107,6 +106,9 @@ class ModelConfig:
     # --model-gguf: the GGUF file inside the --model-id directory or hub repo (needed only when
     # it holds several); None: --model-id's only GGUF file, if it is a GGUF model at all
     gguf_file: str | None = None
+    # where pytgi keeps files it derives from models (a GGUF file's config and tokenizer):
+    # PYTGI_CACHE_DIR; None: nowhere (a GGUF model then cannot be prepared)
+    cache_dir: str | None = None
     # --rope-scaling/--rope-factor: (type, factor) replacing config.json's rope_scaling (TGI's
     # override); None keeps the checkpoint's
     rope_scaling: tuple[str, float] | None = None
@@ -118,7 +120,9 @@ class ModelConfig:
     speculator: SpeculatorConfig | None = None  # trained draft heads (Medusa, MLP speculator)
     # --quantize-activations (twin: PYTGI_QUANT_ACTIVATIONS): "int8" or "fp32" activations for
     # the quantized kernels; None: each method's TGI numerics (layers/quantization/registry.py)
-    quantize_activations: str | None = field(default_factory=envs.quant_activations)
+    quantize_activations: str | None = None
+    # PYTGI_QUANTIZE_LM_HEAD: the `--quantize` method quantizes the LM head too (TGI: it does not)
+    quantize_lm_head: bool = False
 
     def __post_init__(self):
         if self.rope_scaling is not None:
@@ -189,6 +193,11 @@ class ParallelConfig:
     num_shard: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # PYTGI_TP_COLLECTIVE_TIMEOUT_S: how long a rank waits in one collective of a step
+    collective_timeout_s: float = 60.0
+    # tests only (PYTGI_TEST_RANK_FAULT): (rank, stage) that fails at start-up, stage "load" or
+    # "warmup"
+    test_rank_fault: tuple[int, str] | None = None
 
     def __post_init__(self):
         if self.num_shard < 1:
@@ -198,7 +207,8 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """What the platform may use, decided before the model is built (the CLI fills it from
-    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE and the --cuda-* flags): the device,
+    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE, PYTGI_QUANT_ISA, TORCH_EXTENSIONS_DIR and
+    the --cuda-* flags): the device,
     compiled kernels for the layers, and the decode-step accelerator (the fused CPU decode stack;
     CUDA-graph replay on GPU, over the `cuda_graphs` batch sizes; empty = eager)."""
 
@@ -207,6 +217,10 @@ class DeviceConfig:
     device: str = "auto"  # auto: CUDA when torch sees a GPU, else CPU
     cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
     cuda_memory_fraction: float = 1.0  # of the GPU's total memory pytgi may use
+    # PYTGI_QUANT_ISA: the compiled quantized-kernel table (auto: the best this CPU has)
+    quant_isa: str = "auto"
+    # TORCH_EXTENSIONS_DIR: root of the compiled CPU kernels' builds; None: torch's default
+    kernel_build_root: str | None = None
 
     def __post_init__(self):
         if self.device not in DEVICES:

@@ -1,7 +1,9 @@
 """The only reader of os.environ. TGI's variable names; read when called, never at import time.
 
 The CLI uses `flag_default(name)` as the fallback of each flag (TGI: every flag has an env twin);
-other helpers cover variables that are not flags (HF_TOKEN, HF_HUB_OFFLINE, ...).
+other helpers cover variables that are not flags (HF_TOKEN, HF_HUB_OFFLINE, ...). Only the entry
+points and the config builders import this module (tests/test_envs_readers.py): everything else
+gets the values through the frozen configs.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def compute_type() -> str | None:
 
 
 def set_default_threading_env() -> None:
-    """OpenMP threads must not spin while waiting (cpu-kernels.md §7); set before torch loads."""
+    """OpenMP threads must not spin while waiting (a spinning thread takes the core another
+    process's thread needs on a small machine); set before torch loads."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -76,7 +79,25 @@ def device_config():
         device=(get("PYTGI_DEVICE") or "auto").strip().lower(),
         cuda_graphs=DEFAULT_CUDA_GRAPHS if graphs is None else parse_cuda_graphs(graphs),
         cuda_memory_fraction=1.0 if fraction is None else float(fraction),
+        quant_isa=quant_isa(),
+        kernel_build_root=torch_extensions_dir(),
     )
+
+
+def model_fields() -> dict:
+    """The `ModelConfig` fields that come from the environment (PYTGI_CACHE_DIR,
+    PYTGI_QUANT_ACTIVATIONS, PYTGI_QUANTIZE_LM_HEAD)."""
+    return {
+        "cache_dir": cache_dir(),
+        "quantize_activations": quant_activations(),
+        "quantize_lm_head": quantize_lm_head(),
+    }
+
+
+def parallel_fields() -> dict:
+    """The `ParallelConfig` fields that come from the environment (PYTGI_TP_COLLECTIVE_TIMEOUT_S,
+    PYTGI_TEST_RANK_FAULT)."""
+    return {"collective_timeout_s": tp_collective_timeout_s(), "test_rank_fault": test_rank_fault()}
 
 
 def cuda_visible_devices() -> str | None:

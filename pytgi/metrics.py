@@ -1,4 +1,5 @@
-"""Prometheus metrics with TGI's names, types and buckets (contract §6), plus pytgi's own.
+"""Prometheus metrics with TGI's names, types and buckets (TGI_COMPATIBILITY.md §12), plus
+pytgi's own.
 
 Every metric is created at import in the dedicated `REGISTRY` and exposed as a module attribute
 named exactly like the metric, so `/metrics` lists all of them before the first request. Record

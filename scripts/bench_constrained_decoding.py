@@ -81,12 +81,13 @@ class StepProbe:
 
     def __init__(self, core):
         import pytgi.sampling.sampler as sampler_module
+        from pytgi.engine.grammar_manager import MaskFill
         from pytgi.grammar.matcher import GrammarMatcher
 
         self.totals: dict[str, float] = defaultdict(float)
         manager = core.grammar
         manager.filler.fill_with_drafts = self._timed("fill", manager.filler.fill_with_drafts)
-        manager.wait_for_masks = self._timed("wait", manager.wait_for_masks)
+        MaskFill.wait = self._timed("wait", MaskFill.wait)
         sampler_module.apply_grammar = self._timed("apply", sampler_module.apply_grammar)
         GrammarMatcher.accept_token = self._timed("accept", GrammarMatcher.accept_token)
 

@@ -27,7 +27,7 @@ import torch
 
 from pytgi.backends.cpu.kernels import load_cpu_kernels
 from pytgi.backends.cpu.quant_layout import FP8, PackedQuantWeight
-from pytgi.layers.quantization.packing import pack_codebook, pack_quantized
+from pytgi.backends.cpu.quant_packing import pack_codebook, pack_quantized
 from pytgi.layers.quantization.quantizers import (
     quantize_codebook,
     quantize_fp8,

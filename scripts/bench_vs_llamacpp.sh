@@ -59,7 +59,7 @@ stop_server() {
 }
 
 tokenizer_dir() {  # pytgi's prepared directory of a GGUF file (its tokenizer.json)
-  python -c "import sys; from pytgi.config import ModelConfig; from pytgi.models.resolve import resolve_model; print(resolve_model(ModelConfig(model_id=sys.argv[1])))" "$1"
+  python -c "import sys; from pytgi.models.resolve import resolve_model; from pytgi.runtime.build import engine_config; print(resolve_model(engine_config(sys.argv[1]).model))" "$1"
 }
 
 http_bench() {  # kind file

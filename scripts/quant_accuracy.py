@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
 from pytgi.layers.quantization.activations import DEFAULT_ACTIVATIONS, FP32_ONLY
@@ -36,7 +37,7 @@ BLOCK_SIZE = 16
 def teacher_forced_logits(model_dir: Path, ids: list[int], quantize: str | None) -> torch.Tensor:
     """Logits [T, V] of every position of `ids`, one prefill step."""
     config = EngineConfig(
-        model=ModelConfig(model_id=str(model_dir), quantize=quantize),
+        model=ModelConfig(model_id=str(model_dir), quantize=quantize, **envs.model_fields()),
         cache=CacheConfig(block_size=BLOCK_SIZE),
     )
     runner = ModelRunner(config, select_platform())

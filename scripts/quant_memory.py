@@ -20,6 +20,7 @@ from pathlib import Path
 CHILD = """
 import gc, json, sys, torch
 from pytgi.backends.selector import select_platform
+from pytgi import envs
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
 from pytgi.worker.model_runner import ModelRunner
 
@@ -29,8 +30,8 @@ def status(key):
             return int(line.split()[1]) * 1024
 
 model_dir, method, TRIM = sys.argv[1], sys.argv[2] or None, sys.argv[3] == "1"
-runner = ModelRunner(EngineConfig(model=ModelConfig(model_id=model_dir, quantize=method),
-                                  cache=CacheConfig()), select_platform())
+model = ModelConfig(model_id=model_dir, quantize=method, **envs.model_fields())
+runner = ModelRunner(EngineConfig(model=model, cache=CacheConfig()), select_platform())
 base = status("VmRSS:")
 if method != "none":
     runner.load_model(model_dir)

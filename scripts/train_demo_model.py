@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # libgomp reads this when torch loads it: passive waiting keeps 2 threads from collapsing when
-# another process holds one of the 2 cores (shared/reference/cpu-kernels.md §7).
+# another process holds one of the 2 cores (spinning waits burn the core the other thread needs).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402

@@ -202,6 +202,19 @@ def pytgi_server_url(pytgi_server) -> str:
     return pytgi_server.url
 
 
+@pytest.fixture
+def reference_build_context():
+    """A build context for layers a test builds by hand: the plain-torch reference path, one rank
+    (pytgi refuses to build a layer outside a context; `build_model` sets the real one). The
+    layer, model and backend tests use it for every test (their conftest)."""
+    import torch
+
+    from pytgi.layers.build_context import BuildContext, build_context
+
+    with build_context(BuildContext(dtype=torch.get_default_dtype())) as context:
+        yield context
+
+
 @pytest.fixture(params=["torch", "compiled"])
 def cpu_kernels(request):
     """Runs a test twice: layers built in it take the pure-torch CPU path, then the compiled

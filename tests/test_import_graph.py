@@ -4,12 +4,7 @@ only packages in lower layers, and no two packages import each other, even indir
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-import pytgi
-
-ROOT = Path(pytgi.__file__).parent
+from fixtures.import_graph import MODULES, imported_modules, package_edges, package_of
 
 # Highest layer first. A package may import any package in a lower layer, none in its own layer
 # or above. "pytgi" is the package's own __init__ (the lazy `LLM` / `SamplingParams` exports).
@@ -34,49 +29,6 @@ LAYERS: list[set[str]] = [
     {"errors", "version"},
 ]
 RANK = {name: rank for rank, layer in enumerate(LAYERS) for name in layer}
-
-
-def module_name(path: Path) -> str:
-    parts = ("pytgi", *path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-MODULES = {module_name(path): path for path in ROOT.rglob("*.py")}
-
-
-def package_of(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "pytgi"
-
-
-def imported_modules(module: str, source: str, is_package: bool = False) -> set[str]:
-    """Every pytgi module that `module` (whose code is `source`) imports anywhere."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = module.split(".")[: None if is_package else -1]
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:  # `from pytgi import envs` imports the module pytgi.envs
-                submodule = f"{base}.{alias.name}"
-                found.add(submodule if submodule in MODULES else base)
-    return {name for name in found if name == "pytgi" or name.startswith("pytgi.")}
-
-
-def package_edges() -> dict[tuple[str, str], list[str]]:
-    """(importer package, imported package) → the module-level imports that make the edge."""
-    edges: dict[tuple[str, str], list[str]] = {}
-    for module, path in MODULES.items():
-        is_package = path.name == "__init__.py"
-        for target in imported_modules(module, path.read_text(), is_package):
-            source_pkg, target_pkg = package_of(module), package_of(target)
-            if source_pkg != target_pkg:
-                edges.setdefault((source_pkg, target_pkg), []).append(f"{module} -> {target}")
-    return edges
 
 
 def test_every_package_has_a_layer():

@@ -194,6 +194,32 @@ class AttentionBackend(ABC):
         """The per-step builder for layers with these specs over caches of `num_blocks`."""
 
 
+class QuantOps(ABC):
+    """The platform's quantized linear products, chosen once at start-up like attention (on CPU:
+    the compiled kernels on the kernel table DeviceConfig.quant_isa names, or the pure-torch
+    reference). A quantized method declares the weight layout it wants ("int8", "int4", "auto",
+    "codebook") and hands its loaded pieces over; the platform packs them and multiplies."""
+
+    @property
+    @abstractmethod
+    def compiled(self) -> bool:
+        """Whether compiled kernels run (which int8 activations and the fused decode stack need)."""
+
+    @abstractmethod
+    def pack(self, pieces: list, layout: str) -> Any:
+        """Row pieces of one layer, in row order -> its packed weight."""
+
+    @abstractmethod
+    def linear(
+        self, x: torch.Tensor, packed: Any, bias: torch.Tensor | None, int8_acts: bool
+    ) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] = x @ W^T (+ bias); int8 activations when asked."""
+
+    @abstractmethod
+    def rows(self, ids: torch.Tensor, packed: Any) -> torch.Tensor:
+        """Rows `ids` [T] of the dequantised weight -> [T, K] (a tied embedding's lookup)."""
+
+
 # (hidden [T, D], cos, sin) -> (hidden, residual): a decoder stack run by an accelerator
 FusedLayers = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
 
@@ -264,6 +290,11 @@ class Platform(ABC):
     @abstractmethod
     def attention_backend(self, dtype: torch.dtype) -> AttentionBackend:
         """The attention backend for a model in `dtype`."""
+
+    def quant_ops(self, dtype: torch.dtype) -> QuantOps | None:
+        """The quantized linear products for a model in `dtype` (None: the platform runs no
+        quantized layers; the build context's reference then serves the layer tests)."""
+        return None
 
     def decode_accelerator(  # noqa: B027
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype

@@ -1,5 +1,5 @@
-"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts (contract
-§1.1-1.2).
+"""Parsed flags → frozen configs, with TGI's derived defaults and start-up error texts
+(TGI_COMPATIBILITY.md §2).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         lora_adapters=parse_lora_adapters(getattr(args, "lora_adapters", None)),
         quantize_activations=getattr(args, "quantize_activations", None)
         or envs.quant_activations(),
+        cache_dir=envs.cache_dir(),
+        quantize_lm_head=envs.quantize_lm_head(),
     )
 
 
@@ -151,7 +153,10 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(
-            num_shard=num_shard(args), master_addr=args.master_addr, master_port=args.master_port
+            num_shard=num_shard(args),
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            **envs.parallel_fields(),
         ),
         device=device_config(args),
         num_threads=args.num_threads,

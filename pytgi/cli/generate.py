@@ -59,9 +59,6 @@ def sampling_params(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from pytgi import envs
-
-    envs.set_default_threading_env()
     from pytgi.cli.configs import check_quantize, model_config
     from pytgi.cli.preflight import check_model_config, check_model_dir
     from pytgi.errors import PytgiError

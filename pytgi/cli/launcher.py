@@ -27,7 +27,6 @@ def serve(args: argparse.Namespace) -> int:
     from pytgi.utils.logging import setup_logging
 
     setup_logging(json_output=args.json_output)
-    envs.set_default_threading_env()
     if args.env:
         from pytgi.cli.runtime_env import describe_environment
 

@@ -1,4 +1,6 @@
-"""EngineCore: the step loop. `step()` = schedule → execute → update; keep it that short.
+"""EngineCore: the step loop. `step()` = schedule → execute → update; keep it that short. (A step
+with grammar rows also starts filling their token masks, which the executor waits for before it
+samples.)
 
 Single-threaded by design: requests and aborts arrive between steps (the clients queue them), so the
 scheduler's state never changes while a step runs.
@@ -8,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.engine.client import EngineStats
@@ -49,12 +53,16 @@ class EngineCore:
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)
 
     @classmethod
-    def start(cls, config: EngineConfig, executor: Executor) -> EngineCore:
+    def start(
+        cls, config: EngineConfig, executor: Executor, model_dir: Callable[[], Path]
+    ) -> EngineCore:
         """Initialise `executor` (load, warm up, size the KV cache) and build the engine around
-        it. Whoever builds the engine chooses the executor (pytgi.runtime.build_engine_core)."""
+        it. Whoever builds the engine chooses the executor and says where the model's local
+        directory is (`model_dir()`: its tokenizer serves the grammars)
+        (pytgi.runtime.build_engine_core)."""
         cache_info = executor.initialize()
         try:
-            grammar = GrammarManager.from_config(config, cache_info.vocab_size)
+            grammar = GrammarManager.from_config(config, cache_info.vocab_size, model_dir)
         except BaseException:
             executor.shutdown()
             raise
@@ -75,14 +83,16 @@ class EngineCore:
         if scheduler_output.is_empty:
             self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)  # if only compiles are pending
             return rejected
+        masks = self.scheduler.fill_grammar_masks(scheduler_output)  # filled during the forward
         start = time.perf_counter()
         try:
-            model_output = self.executor.execute(scheduler_output)
+            model_output = self.executor.execute(scheduler_output, masks)
         except EngineDeadError:  # a shard is gone or out of step: no later step can run
             raise
         except Exception as exc:  # a failed forward fails its batch, not the engine
             logger.exception("step failed")
-            return rejected + self.scheduler.fail(scheduler_output, f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            return rejected + self.scheduler.fail(scheduler_output, error, masks)
         self._record(scheduler_output, time.perf_counter() - start)
         return rejected + self.scheduler.update(scheduler_output, model_output)
 

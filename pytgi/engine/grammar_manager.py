@@ -6,7 +6,8 @@
 - Each step, `fill_masks` gives every sampled row of a grammar request (one per draft position
   too) its token mask in `ScheduledRequest.grammar_bitmask`, which only rank 0's sampler reads.
   The masks are filled on a thread while the forward runs (llguidance computes them without the
-  GIL); rank 0 calls `SchedulerOutput.grammar_masks_ready` before it samples.
+  GIL); the step's `MaskFill` goes to the executor beside the step, and rank 0 waits for it
+  before it samples. No matcher is touched until then.
 - The scheduler advances each request's matcher by the tokens it appends (`Scheduler._append`).
 
 Built once per engine, after the model is loaded (the masks cover the model's logits width): the
@@ -17,8 +18,10 @@ then, so importing pytgi.engine loads neither llguidance nor torch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytgi.config import EngineConfig, GrammarConfig
@@ -39,16 +42,18 @@ class GrammarManager:
         self.compiler = GrammarCompiler(vocab, config)
         self.filler = BitmaskFiller(vocab.vocab_size, vocab.eos_token_ids, config.mask_threads)
         self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="pytgi-masks")
-        self._filling: Future | None = None  # the last step's masks, until they are waited for
 
     @classmethod
-    def from_config(cls, config: EngineConfig, vocab_size: int) -> GrammarManager | None:
-        """The manager for this engine's tokenizer, or None when grammars are off or the grammar
-        engine cannot read the tokenizer (then the engine does not report the capability)."""
+    def from_config(
+        cls, config: EngineConfig, vocab_size: int, model_dir: Callable[[], Path]
+    ) -> GrammarManager | None:
+        """The manager for this engine's tokenizer (in `model_dir()`, the model's local
+        directory), or None when grammars are off or the grammar engine cannot read the tokenizer
+        (then the engine does not report the capability)."""
         if config.grammar is None:
             return None
         try:
-            vocab = load_vocab(config, vocab_size)
+            vocab = load_vocab(config, vocab_size, model_dir())
         except Exception as exc:  # e.g. a tokenizer without EOS, a vocabulary wider than the model
             logger.warning("constrained decoding is off: the grammar engine cannot use the "
                            "tokenizer (%s: %s)", type(exc).__name__, exc)  # fmt: skip
@@ -85,9 +90,9 @@ class GrammarManager:
         if futures:
             wait_futures(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
-    def fill_masks(self, output: SchedulerOutput, requests: dict[str, Request]) -> None:
+    def fill_masks(self, output: SchedulerOutput, requests: dict[str, Request]) -> MaskFill | None:
         """Give every sampled request with a grammar its rows of the step's token masks, filled
-        on the mask thread while the step runs (`wait_for_masks` joins it).
+        on the mask thread while the step runs; None when the step has no such rows.
 
         The rows of all such requests are filled in one batched call (llguidance's thread pool,
         without the GIL). A matcher that fails while computing its mask (a lexer limit reached)
@@ -103,32 +108,37 @@ class GrammarManager:
             rows.append((request.grammar, num_rows, scheduled.draft_ids))
             num_rows += 1 + len(scheduled.draft_ids)
         if not rows:
-            return
+            return None
         bitmask = self.filler.allocate(num_rows)  # int32 [rows, ceil(V / 32)]
         for scheduled, first in targets:
             scheduled.grammar_bitmask = bitmask[first : first + 1 + len(scheduled.draft_ids)]
-        self._filling = self._fill_thread.submit(self.filler.fill_with_drafts, rows, bitmask)
-        output.grammar_masks_ready = self.wait_for_masks
-
-    def wait_for_masks(self) -> None:
-        """Block until the last step's masks are filled (re-raises what the fill raised)."""
-        filling, self._filling = self._filling, None
-        if filling is not None:
-            filling.result()
+        return MaskFill(self._fill_thread.submit(self.filler.fill_with_drafts, rows, bitmask))
 
     def close(self) -> None:
-        self.wait_for_masks()
-        self._fill_thread.shutdown(wait=True)
+        self._fill_thread.shutdown(wait=True)  # a fill in flight ends first
         self.compiler.close()
 
 
-def load_vocab(config: EngineConfig, vocab_size: int) -> GrammarVocab:
+class MaskFill:
+    """One step's token masks being filled (`PendingMasks`): made by `fill_masks`, waited for by
+    rank 0 before sampling (and by the scheduler before it fails a step that raised)."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def wait(self) -> None:
+        self._future.result()
+
+    @property
+    def done(self) -> bool:
+        return self._future.done()
+
+
+def load_vocab(config: EngineConfig, vocab_size: int, model_dir: Path) -> GrammarVocab:
     """The grammar engine's vocabulary from the model's tokenizer, as wide as its logits."""
     from pytgi.grammar import GrammarVocab
-    from pytgi.models.resolve import resolve_model
     from pytgi.tokenizer.tokenizer import Tokenizer
 
     model = config.model
-    # a GGUF file (the offline API takes its path) reads its tokenizer from its prepared directory
-    tokenizer = Tokenizer.from_dir(resolve_model(model), config_path=model.tokenizer_config_path)
+    tokenizer = Tokenizer.from_dir(model_dir, config_path=model.tokenizer_config_path)
     return GrammarVocab.from_tokenizer(tokenizer, vocab_size or None)

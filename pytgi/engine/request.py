@@ -90,11 +90,3 @@ class Request:
         if start >= num_prompt:
             return self.output_ids[start - num_prompt : end - num_prompt]
         return self.prompt_ids[start:] + self.output_ids[: end - num_prompt]
-
-    @property
-    def last_token_id(self) -> int:
-        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED

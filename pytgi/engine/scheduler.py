@@ -35,6 +35,7 @@ from pytgi.messages.outputs import (
     ErrorKind,
     ModelOutput,
     NewRequestData,
+    PendingMasks,
     RequestOutput,
     SampledToken,
     ScheduledRequest,
@@ -126,9 +127,12 @@ class Scheduler:
         if self.num_preemptions == num_preemptions:  # no admissions while memory is short
             self._admit_waiting(budget, output)
         output.freed_request_ids, self._freed_ids = self._freed_ids, []
-        if self.grammar is not None:
-            self.grammar.fill_masks(output, self.requests)
         return output
+
+    def fill_grammar_masks(self, output: SchedulerOutput) -> PendingMasks | None:
+        """Start filling the step's grammar masks (None: no grammar row in the step). Until the
+        executor has waited for them, no request's matcher may be touched."""
+        return self.grammar.fill_masks(output, self.requests) if self.grammar else None
 
     def _admit_compiled_grammars(self) -> None:
         """Move parked requests whose grammar compiled to the queue; reject the failed ones."""
@@ -233,9 +237,7 @@ class Scheduler:
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
         """Apply a step's results: advance, append sampled tokens, stop, free, emit deltas."""
-        if self.grammar is not None:
-            self.grammar.wait_for_masks()  # joined by the sampler already; matchers advance next
-        deltas = []
+        deltas = []  # the executor waited for the step's masks: the matchers may advance
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -309,11 +311,14 @@ class Scheduler:
                 return sampled[: i + 1], reason, None
         return sampled, None, None
 
-    def fail(self, output: SchedulerOutput, error: str) -> list[RequestOutput]:
-        """The step raised: finish every request it ran with `error` (TGI drops the whole batch)."""
-        if self.grammar is not None:
+    def fail(
+        self, output: SchedulerOutput, error: str, grammar_masks: PendingMasks | None = None
+    ) -> list[RequestOutput]:
+        """The step raised: finish every request it ran with `error` (TGI drops the whole batch),
+        once its mask fill, if any, has ended."""
+        if grammar_masks is not None:
             with suppress(Exception):  # a failed fill failed this step: `error` says so
-                self.grammar.wait_for_masks()
+                grammar_masks.wait()
         deltas = []
         for scheduled in output.requests:
             request = self.requests.get(scheduled.request_id)

@@ -1,21 +1,24 @@
 """What layers need to know when they are built: the platform's decisions for this model.
 
 `build_model` sets a `BuildContext` around the model's construction; every op reads it once, in
-its constructor, to pick its implementation (`CustomOp`), and attention layers ask its backend
-for their per-layer implementation. Nothing reads it per call. A layer built outside any context
-(most layer tests) gets the plain-torch reference path.
+its constructor, to pick its implementation (`CustomOp`), parallel layers take their shard from
+its `tp`, and attention layers ask its backend for their per-layer implementation. Nothing reads
+it per call. A layer built outside any context is an error: tests that build layers directly set
+a context themselves (the reference one is `BuildContext()`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pytgi.backends.base import AttentionBackend
+from pytgi.backends.base import AttentionBackend, QuantOps
+from pytgi.distributed.parallel_state import TPInfo
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class BuildContext:
     dtype: torch.dtype = torch.float32
     kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
     max_model_len: int | None = None  # positions the model must serve (rotary tables)
+    tp: TPInfo = TPInfo(rank=0, world_size=1)  # this rank's place in the tensor-parallel group
+    # the platform's quantized products; None: the CPU ones on `kernels` (the best kernel table)
+    quant_ops: QuantOps | None = None
 
     def attention_backend(self) -> AttentionBackend:
         if self.attention is not None:
@@ -34,19 +40,28 @@ class BuildContext:
 
         return CpuAttentionBackend(None)
 
+    def quant(self) -> QuantOps:
+        if self.quant_ops is not None:
+            return self.quant_ops
+        from pytgi.backends.cpu.quant_ops import CpuQuantOps
 
-_CONTEXT: BuildContext | None = None
+        return CpuQuantOps(self.kernels)
+
+
+_CONTEXT: ContextVar[BuildContext | None] = ContextVar("pytgi_build_context", default=None)
 
 
 @contextmanager
 def build_context(context: BuildContext) -> Iterator[BuildContext]:
-    global _CONTEXT
-    previous, _CONTEXT = _CONTEXT, context
+    token = _CONTEXT.set(context)
     try:
         yield context
     finally:
-        _CONTEXT = previous
+        _CONTEXT.reset(token)
 
 
 def current_build_context() -> BuildContext:
-    return _CONTEXT if _CONTEXT is not None else BuildContext(dtype=torch.get_default_dtype())
+    context = _CONTEXT.get()
+    if context is None:
+        raise RuntimeError("a layer was built outside a build context (see layers/build_context)")
+    return context

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi.distributed.comm import tp_all_reduce, tp_gather_to_first_rank
-from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
@@ -46,7 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         quant_config: QuantConfig | None = None,
     ):
         super().__init__()
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         per_rank = cdiv(num_embeddings, self.tp.world_size)
@@ -64,7 +63,8 @@ class VocabParallelEmbedding(nn.Module):
         # module, which would make the module tree cyclic)
         self.row_lookup: Callable[[torch.Tensor], torch.Tensor] | None = None
         # a quantized embedding (not tied): its rows packed in a quantized layout as they load
-        self.row_method = quant_config.get_embedding_method(self.kernels) if quant_config else None
+        quant_ops = current_build_context().quant() if quant_config else None
+        self.row_method = quant_config.get_embedding_method(quant_ops) if quant_config else None
         if self.row_method is not None:
             self._quantized_weight(self.row_method, dtype)
 
@@ -139,7 +139,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.num_local, dtype=dtype), requires_grad=False)
             set_weight_attrs(self.bias, weight_loader=self.weight_loader)
-        self.head_method = quant_config.get_lm_head_method(self.kernels) if quant_config else None
+        quant_ops = current_build_context().quant() if quant_config else None
+        self.head_method = quant_config.get_lm_head_method(quant_ops) if quant_config else None
         if self.head_method is not None:  # this rank's real rows, packed as they load
             self._quantized_weight(self.head_method, dtype)
 
@@ -187,7 +188,8 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden [N, D] -> logits [N, V] on rank 0, None on the other ranks."""
-        logits = tp_gather_to_first_rank(self._local_logits(hidden))  # [N, V_padded]
+        local = self._local_logits(hidden)  # [N, V_local]
+        logits = local if self.tp.world_size == 1 else tp_gather_to_first_rank(local)  # [N, V_pad]
         if logits is None:
             return None
         return logits[:, : self.num_embeddings]  # drops the padding rows of the last rank

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ class ForwardContext:
     lora: LoRABatch | None = None  # the rows of the step that run a LoRA adapter
 
 
-_CONTEXT: ForwardContext | None = None
+_CONTEXT: ContextVar[ForwardContext | None] = ContextVar("pytgi_forward_context", default=None)
 
 
 @contextmanager
@@ -36,20 +37,24 @@ def forward_context(
     fused_layers: FusedLayers | None = None,
     lora: LoRABatch | None = None,
 ) -> Iterator[ForwardContext]:
-    global _CONTEXT
-    assert _CONTEXT is None, "forward_context does not nest"
-    _CONTEXT = ForwardContext(attn_metadata, kv_caches, fused_layers, lora)
+    if _CONTEXT.get() is not None:
+        raise RuntimeError("forward_context does not nest")
+    context = ForwardContext(attn_metadata, kv_caches, fused_layers, lora)
+    token = _CONTEXT.set(context)
     try:
-        yield _CONTEXT
+        yield context
     finally:
-        _CONTEXT = None
+        _CONTEXT.reset(token)
 
 
 def get_forward_context() -> ForwardContext:
-    assert _CONTEXT is not None, "a layer ran outside a forward_context"
-    return _CONTEXT
+    context = _CONTEXT.get()
+    if context is None:
+        raise RuntimeError("a layer ran outside a forward_context")
+    return context
 
 
 def current_lora_batch() -> LoRABatch | None:
     """The step's LoRA rows; None outside a forward (a layer called on its own) or without any."""
-    return _CONTEXT.lora if _CONTEXT is not None else None
+    context = _CONTEXT.get()
+    return context.lora if context is not None else None

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from pytgi.distributed.comm import tp_all_reduce
-from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.build_context import current_build_context
 from pytgi.layers.forward_context import current_lora_batch
@@ -56,12 +55,13 @@ class LinearBase(nn.Module):
         params_dtype: torch.dtype | None,
     ):
         super().__init__()
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.input_size = input_size
         self.output_size = sum(output_partition_sizes)
         params_dtype = params_dtype or torch.get_default_dtype()
-        kernels = current_build_context().kernels
-        method = quant_config.get_linear_method(prefix, kernels) if quant_config else None
+        context = current_build_context()
+        kernels = context.kernels
+        method = quant_config.get_linear_method(prefix, context.quant()) if quant_config else None
         self.quant_method = method or UnquantizedLinearMethod(kernels)
         self.quant_method.create_weights(
             self, input_size, output_partition_sizes, params_dtype, self.weight_loader
@@ -114,7 +114,7 @@ class ColumnParallelLinear(LinearBase):
         params_dtype=None,
         output_sizes: list[int] | None = None,
     ):
-        tp_size = get_tp_info().world_size
+        tp_size = current_build_context().tp.world_size
         self.output_sizes = output_sizes or [output_size]
         parts = [divide(s, tp_size, f"{prefix or 'linear'} output size") for s in self.output_sizes]
         super().__init__(input_size, parts, bias, quant_config, prefix, params_dtype)
@@ -184,7 +184,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         params_dtype=None,
         checkpoint_layout: str = "concat",
     ):
-        tp_size = get_tp_info().world_size
+        tp_size = current_build_context().tp.world_size
         self.head_dim = head_dim
         self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
         self.checkpoint_layout = checkpoint_layout
@@ -250,7 +250,7 @@ class RowParallelLinear(LinearBase):
     def __init__(
         self, input_size, output_size, bias=False, quant_config=None, prefix="", params_dtype=None
     ):
-        tp_size = get_tp_info().world_size
+        tp_size = current_build_context().tp.world_size
         in_part = divide(input_size, tp_size, f"{prefix or 'linear'} input size")
         super().__init__(in_part, [output_size], bias, quant_config, prefix, params_dtype)
 

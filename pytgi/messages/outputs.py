@@ -13,9 +13,8 @@ numpy arrays: picklable, no torch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pytgi.messages.request import FinishReason, MultimodalInput
 from pytgi.messages.sampling_params import SamplingParams
@@ -74,9 +73,6 @@ class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     # requests whose worker state is dropped before this step (finished, aborted, preempted)
     freed_request_ids: list[str] = field(default_factory=list)
-    # set when requests have `grammar_bitmask`: the engine fills them while the step runs, and
-    # rank 0 calls this before its sampler reads them (in the engine process; never pickled)
-    grammar_masks_ready: Callable[[], None] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +81,16 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.requests
+
+
+class PendingMasks(Protocol):
+    """A step's grammar token masks (its requests' `grammar_bitmask` rows), filled on another
+    thread while the forward runs. The engine's GrammarManager makes one per step that has
+    grammar rows and the engine hands it to the executor beside the step; rank 0 waits for it
+    once, before its sampler reads the rows. It never crosses a process boundary."""
+
+    def wait(self) -> None:
+        """Block until the rows are filled (re-raises what the fill raised)."""
 
 
 @dataclass

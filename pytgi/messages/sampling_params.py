@@ -45,7 +45,7 @@ class GrammarSpec:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen (TGI `parameters`, §7 of the contract).
+    """How the next token is chosen (TGI `parameters`, TGI_COMPATIBILITY.md §6, §13).
 
     As TGI: a request with temperature != 1, top_k, top_p < 1 or typical_p < 1 samples even when
     the user said do_sample=false (`do_sample` is resolved here, once). A sampling request from the
@@ -73,10 +73,6 @@ class SamplingParams:
     @property
     def uses_warpers(self) -> bool:
         return self.temperature != 1.0 or self.top_k > 0 or self.top_p < 1.0 or self.typical_p < 1.0
-
-    @property
-    def is_greedy(self) -> bool:
-        return not self.do_sample
 
 
 @dataclass(frozen=True)

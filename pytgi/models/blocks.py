@@ -43,6 +43,7 @@ from pytgi.models.config import (
     SANDWICH,
     SEQUENTIAL,
     DecoderSpec,
+    Norm,
 )
 
 FusedTensors = dict[str, torch.Tensor]
@@ -50,7 +51,7 @@ FusedTensors = dict[str, torch.Tensor]
 
 def make_norm(spec: DecoderSpec, size: int | None = None) -> nn.Module:
     size = size or spec.hidden_size
-    if spec.norm == "layer":
+    if spec.norm == Norm.LAYER:
         return LayerNorm(size, spec.norm_eps, bias=spec.norm_bias)
     return RMSNorm(size, spec.norm_eps, weight_offset=spec.norm_weight_offset)
 
@@ -163,22 +164,13 @@ class GatedMLP(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.gate_up_proj",
         )
-        self.down_proj = RowParallelLinear(
-            spec.intermediate_size,
-            spec.hidden_size,
-            bias=spec.mlp_bias,
-            quant_config=quant_config,
-            prefix=f"{prefix}.down_proj",
-        )
+        self.down_proj = _down_proj(spec, quant_config, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [T, hidden]
 
     def fused_decode_tensors(self) -> FusedTensors | None:
-        gate_up, down = _packed(self.gate_up_proj, "gate_up"), _packed(self.down_proj, "down")
-        if gate_up is None or down is None:
-            return None
-        return gate_up | down
+        return _packed_pair(self.gate_up_proj, "gate_up", self.down_proj)
 
 
 class MLP(nn.Module):
@@ -194,22 +186,34 @@ class MLP(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.up_proj",
         )
-        self.down_proj = RowParallelLinear(
-            spec.intermediate_size,
-            spec.hidden_size,
-            bias=spec.mlp_bias,
-            quant_config=quant_config,
-            prefix=f"{prefix}.down_proj",
-        )
+        self.down_proj = _down_proj(spec, quant_config, prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.up_proj(x)))  # [T, hidden]
 
     def fused_decode_tensors(self) -> FusedTensors | None:
-        up, down = _packed(self.up_proj, "up"), _packed(self.down_proj, "down")
-        if up is None or down is None:
-            return None
-        return up | down
+        return _packed_pair(self.up_proj, "up", self.down_proj)
+
+
+def _down_proj(
+    spec: DecoderSpec, quant_config: QuantConfig | None, prefix: str
+) -> RowParallelLinear:
+    """Either MLP's output projection, intermediate -> hidden."""
+    return RowParallelLinear(
+        spec.intermediate_size,
+        spec.hidden_size,
+        bias=spec.mlp_bias,
+        quant_config=quant_config,
+        prefix=f"{prefix}.down_proj",
+    )
+
+
+def _packed_pair(up: LinearBase, up_name: str, down: LinearBase) -> FusedTensors | None:
+    """An MLP's two projections as the fused decode stack takes them, or None."""
+    up_tensors, down_tensors = _packed(up, up_name), _packed(down, "down")
+    if up_tensors is None or down_tensors is None:
+        return None
+    return up_tensors | down_tensors
 
 
 def make_attention(

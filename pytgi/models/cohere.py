@@ -10,6 +10,7 @@ from pytgi.errors import ModelLoadError
 from pytgi.models.config import (
     PARALLEL,
     DecoderSpec,
+    Norm,
     attention_fields,
     common_fields,
     require,
@@ -29,7 +30,7 @@ class CohereForCausalLM(DecoderForCausalLM):
             **attention_fields(hf_config),
             intermediate_size=require(hf_config, "intermediate_size"),
             norm_eps=require(hf_config, "layer_norm_eps"),
-            norm="layer",
+            norm=Norm.LAYER,
             block=PARALLEL,
             hidden_act=require(hf_config, "hidden_act"),
             rope_theta=float(getattr(hf_config, "rope_theta", 10000.0)),

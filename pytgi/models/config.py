@@ -17,6 +17,7 @@ role at all, so a flag added later is refused until someone teaches the accelera
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import logging
 from dataclasses import dataclass, field
@@ -32,15 +33,43 @@ OUTSIDE = {"role": "outside"}
 FEATURE = {"role": "feature"}
 LOAD = {"role": "load"}  # read only while loading: the layers compute the same either way
 
-# `DecoderSpec.block` values: how a layer composes attention and MLP around the residual stream
-SEQUENTIAL = "sequential"  # x + attn(norm1(x)), then + mlp(norm2(.)) (Llama)
-PARALLEL = "parallel"  # x + attn(norm(x)) + mlp(norm(x)) (Phi, GPT-J, Cohere, Falcon-7B)
-PARALLEL_TWO_NORMS = "parallel_two_norms"  # x + attn(norm1(x)) + mlp(norm2(x)) (Falcon-40B/180B)
-SANDWICH = "sandwich"  # x + post1(attn(norm1(x))), then + post2(mlp(norm2(.))) (Gemma 2/3)
-BLOCKS = (SEQUENTIAL, PARALLEL, PARALLEL_TWO_NORMS, SANDWICH)
 
-# `DecoderSpec.position_encoding` values
-ROPE, LEARNED, ALIBI = "rope", "learned", "alibi"
+class Block(str, enum.Enum):
+    """How a layer composes attention and MLP around the residual stream (the order is the fused
+    decode stack's numbering)."""
+
+    SEQUENTIAL = "sequential"  # x + attn(norm1(x)), then + mlp(norm2(.)) (Llama)
+    PARALLEL = "parallel"  # x + attn(norm(x)) + mlp(norm(x)) (Phi, GPT-J, Cohere, Falcon-7B)
+    PARALLEL_TWO_NORMS = "parallel_two_norms"  # x + attn(norm1(x)) + mlp(norm2(x)) (Falcon-40B)
+    SANDWICH = "sandwich"  # x + post1(attn(norm1(x))), then + post2(mlp(norm2(.))) (Gemma 2/3)
+
+
+class PositionEncoding(str, enum.Enum):
+    ROPE = "rope"  # rotary, in the attention layers
+    LEARNED = "learned"  # a position embedding added to the token embedding (GPT-2)
+    ALIBI = "alibi"  # a per-head distance bias on the scores (Falcon-RW, Baichuan-13B)
+
+
+class Norm(str, enum.Enum):
+    RMS = "rms"
+    LAYER = "layer"
+
+
+class QkvLayout(str, enum.Enum):
+    """How a checkpoint that stores q/k/v as one tensor orders it."""
+
+    CONCAT = "concat"  # [q | k | v]
+    GROUPED = "grouped"  # per KV head: [its query heads | k | v] (Falcon, GPT-BigCode without MQA)
+
+
+SEQUENTIAL, PARALLEL, PARALLEL_TWO_NORMS, SANDWICH = Block
+BLOCKS = tuple(Block)
+ROPE, LEARNED, ALIBI = PositionEncoding
+
+
+def _check_choice(value, choices: type[enum.Enum], what: str) -> None:
+    if value not in choices.__members__.values():
+        raise ModelLoadError(f"unknown {what} '{value}'")
 
 
 @dataclass(frozen=True)
@@ -97,12 +126,12 @@ class DecoderSpec(ModelSpec):
     lm_head_bias: bool = field(default=False, metadata=OUTSIDE)  # Phi, GPT-J
     hidden_act: str = field(default="silu", metadata=FEATURE)
     mlp_gated: bool = field(default=True, metadata=FEATURE)  # False: up -> act -> down
-    norm: str = field(default="rms", metadata=FEATURE)  # "rms" or "layer"
+    norm: Norm = field(default=Norm.RMS, metadata=FEATURE)
     norm_bias: bool = field(default=False, metadata=FEATURE)  # LayerNorm with a bias
     # RMSNorm scales by (offset + w) (Gemma: 1 + w); folded into the weight after loading
     norm_weight_offset: float = field(default=0.0, metadata=FEATURE)
-    block: str = field(default=SEQUENTIAL, metadata=FEATURE)  # one of BLOCKS
-    position_encoding: str = field(default=ROPE, metadata=FEATURE)  # rope, learned or alibi
+    block: Block = field(default=Block.SEQUENTIAL, metadata=FEATURE)
+    position_encoding: PositionEncoding = field(default=PositionEncoding.ROPE, metadata=FEATURE)
     alibi_slope_scale: float = field(default=1.0, metadata=FEATURE)  # Falcon: head_dim ** -0.5
     rotary_dim: int | None = field(default=None, metadata=FEATURE)  # None: the whole head_dim
     rotary_interleaved: bool = field(default=False, metadata=FEATURE)  # GPT-J, Cohere: pairs
@@ -115,21 +144,17 @@ class DecoderSpec(ModelSpec):
     mlp_bias: bool = field(default=False, metadata=FEATURE)
     qkv_clip: float | None = field(default=None, metadata=FEATURE)  # DBRX: q/k/v clamped to +-c
     qk_norm: bool = field(default=False, metadata=FEATURE)  # per-head q/k RMSNorm (Qwen3, Gemma 3)
-    # how a checkpoint that stores q/k/v as one tensor orders it: "concat" [q | k | v], or
-    # "grouped" per KV head [its query heads | k | v] (Falcon, GPT-BigCode without MQA)
-    qkv_checkpoint_layout: str = field(default="concat", metadata=LOAD)
+    qkv_checkpoint_layout: QkvLayout = field(default=QkvLayout.CONCAT, metadata=LOAD)
     # mixture-of-experts MLPs (layers/moe/config.py says which layers and how they route)
     moe: MoEConfig | None = field(default=None, metadata=FEATURE)
     # DeepSeek's multi-head latent attention instead of q/k/v heads (models/mla.py)
     mla: MLAConfig | None = field(default=None, metadata=FEATURE)
 
     def __post_init__(self):
-        if self.block not in BLOCKS:
-            raise ModelLoadError(f"unknown decoder block '{self.block}'")
-        if self.position_encoding not in (ROPE, LEARNED, ALIBI):
-            raise ModelLoadError(f"unknown position encoding '{self.position_encoding}'")
-        if self.norm not in ("rms", "layer"):
-            raise ModelLoadError(f"unknown norm '{self.norm}'")
+        _check_choice(self.block, Block, "decoder block")
+        _check_choice(self.position_encoding, PositionEncoding, "position encoding")
+        _check_choice(self.norm, Norm, "norm")
+        _check_choice(self.qkv_checkpoint_layout, QkvLayout, "q/k/v checkpoint layout")
 
     @property
     def rotary_size(self) -> int:
@@ -147,13 +172,6 @@ class DecoderSpec(ModelSpec):
         layer of a model with a local rope base."""
         local = self.local_rope_theta is not None and self.sliding_window(layer_idx) is not None
         return int(local)
-
-
-def field_role(spec_type: type, name: str) -> str | None:
-    for f in dataclasses.fields(spec_type):
-        if f.name == name:
-            return f.metadata.get("role")
-    return None
 
 
 def read_model_type(model_dir: Path) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pytgi.errors import ModelLoadError
 from pytgi.models.base import CausalLM
-from pytgi.models.config import LEARNED, DecoderSpec, common_fields, require
+from pytgi.models.config import LEARNED, DecoderSpec, Norm, QkvLayout, common_fields, require
 from pytgi.models.decoder import DecoderForCausalLM
 
 _LAYER = r"^h\.(\d+)\."
@@ -56,7 +56,7 @@ class GPT2LMHeadModel(DecoderForCausalLM):
             head_dim=head_dim,
             attention_scale=head_dim**-0.5 if scaled else 1.0,
             norm_eps=require(hf_config, "layer_norm_epsilon"),
-            norm="layer",
+            norm=Norm.LAYER,
             norm_bias=True,
             hidden_act=require(hf_config, "activation_function"),
             mlp_gated=False,
@@ -73,8 +73,8 @@ class GPT2LMHeadModel(DecoderForCausalLM):
         return num_heads
 
     @staticmethod
-    def qkv_layout(hf_config) -> str:
-        return "concat"
+    def qkv_layout(hf_config) -> QkvLayout:
+        return QkvLayout.CONCAT
 
 
 class GPTBigCodeForCausalLM(GPT2LMHeadModel):
@@ -85,5 +85,5 @@ class GPTBigCodeForCausalLM(GPT2LMHeadModel):
         return 1 if getattr(hf_config, "multi_query", True) else num_heads
 
     @staticmethod
-    def qkv_layout(hf_config) -> str:
-        return "concat" if getattr(hf_config, "multi_query", True) else "grouped"
+    def qkv_layout(hf_config) -> QkvLayout:
+        return QkvLayout.CONCAT if getattr(hf_config, "multi_query", True) else QkvLayout.GROUPED

@@ -12,6 +12,7 @@ from pytgi.models.base import CausalLM
 from pytgi.models.config import (
     PARALLEL,
     DecoderSpec,
+    Norm,
     attention_fields,
     common_fields,
     require,
@@ -42,7 +43,7 @@ class GPTJForCausalLM(DecoderForCausalLM):
             **attention,
             intermediate_size=getattr(hf_config, "n_inner", None) or 4 * common["hidden_size"],
             norm_eps=require(hf_config, "layer_norm_epsilon"),
-            norm="layer",
+            norm=Norm.LAYER,
             norm_bias=True,
             block=PARALLEL,
             hidden_act=require(hf_config, "activation_function"),

@@ -239,7 +239,11 @@ def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
     from pytgi.layers.quantization.registry import resolve_quant_config
 
     return resolve_quant_config(
-        model_config.quantize, None, dtype, model_config.quantize_activations
+        model_config.quantize,
+        None,
+        dtype,
+        model_config.quantize_activations,
+        quantize_lm_head=model_config.quantize_lm_head,
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pytgi.distributed.parallel_state import get_tp_info
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.latent_attention import LatentAttention
 from pytgi.layers.linear import (
     ColumnParallelLinear,
@@ -42,7 +42,7 @@ class KVUpProjection(nn.Module):
 
     def __init__(self, num_heads: int, nope: int, v: int, kv_lora_rank: int):
         super().__init__()
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.nope, self.v = nope, v
         self.weight = nn.Parameter(
             torch.empty(num_heads * (nope + v), kv_lora_rank), requires_grad=False
@@ -64,7 +64,7 @@ class LatentAttentionBlock(nn.Module):
     ):
         super().__init__()
         mla = spec.mla
-        tp_size = get_tp_info().world_size
+        tp_size = current_build_context().tp.world_size
         self.mla = mla
         self.num_heads = divide(spec.num_heads, tp_size, "number of attention heads")
         hidden, heads = spec.hidden_size, spec.num_heads

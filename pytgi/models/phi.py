@@ -11,6 +11,7 @@ from __future__ import annotations
 from pytgi.models.config import (
     PARALLEL,
     DecoderSpec,
+    Norm,
     attention_fields,
     common_fields,
     require,
@@ -38,7 +39,7 @@ class PhiForCausalLM(DecoderForCausalLM):
             **attention,
             intermediate_size=require(hf_config, "intermediate_size"),
             norm_eps=require(hf_config, "layer_norm_eps"),
-            norm="layer",
+            norm=Norm.LAYER,
             norm_bias=True,
             block=PARALLEL,
             hidden_act=require(hf_config, "hidden_act"),

@@ -28,7 +28,7 @@ def resolve_model(model: ModelConfig, check_config: Callable[[Path], object] | N
     gguf_file = find_gguf_file(model, model.gguf_file)
     if gguf_file is None:
         return resolve_model_dir(model, check_config=check_config)
-    directory = prepared_dir(gguf_file)
+    directory = prepared_dir(gguf_file, model.cache_dir)
     if tgi_form_file(model, model.gguf_file) is not None:
         tokenizer_dir = _tokenizer_dir(model)
         if tokenizer_dir is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pytgi.models.config import (
     DecoderSpec,
+    Norm,
     attention_fields,
     common_fields,
     require,
@@ -28,7 +29,7 @@ class Starcoder2ForCausalLM(DecoderForCausalLM):
             **attention_fields(hf_config),
             intermediate_size=require(hf_config, "intermediate_size"),
             norm_eps=require(hf_config, "norm_epsilon"),
-            norm="layer",
+            norm=Norm.LAYER,
             norm_bias=True,
             hidden_act=require(hf_config, "hidden_act"),
             mlp_gated=False,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -100,23 +101,27 @@ def register_paged_attention() -> None:
     AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 
 
-_calls: list[tuple[nn.Module, AttentionCall]] | None = None
+_CALLS: ContextVar[list[tuple[nn.Module, AttentionCall]] | None] = ContextVar(
+    "pytgi_attention_probe", default=None
+)
 
 
 @contextmanager
 def probe_attention_calls() -> Iterator[list[tuple[nn.Module, AttentionCall]]]:
     """Inside, attention modules without a pytgi layer record (module, call) and return zeros."""
-    global _calls
-    assert _calls is None, "attention probes do not nest"
-    _calls = []
+    if _CALLS.get() is not None:
+        raise RuntimeError("attention probes do not nest")
+    calls: list[tuple[nn.Module, AttentionCall]] = []
+    token = _CALLS.set(calls)
     try:
-        yield _calls
+        yield calls
     finally:
-        _calls = None
+        _CALLS.reset(token)
 
 
 def _record(module, query, key, value, attention_mask, scaling, kwargs):
-    if _calls is None:
+    calls = _CALLS.get()
+    if calls is None:
         raise RuntimeError(f"{type(module).__name__} has no paged attention layer (not probed)")
     name = type(module).__name__
     if attention_mask is not None and not is_plain_causal(attention_mask):
@@ -137,7 +142,7 @@ def _record(module, query, key, value, attention_mask, scaling, kwargs):
             "attention does not implement"
         )
     head_size = query.shape[-1]
-    _calls.append(
+    calls.append(
         (
             module,
             AttentionCall(

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.attention import Attention
+from pytgi.layers.build_context import current_build_context
 from pytgi.models.base import CausalLM
 from pytgi.models.config import OUTSIDE, ModelSpec, common_fields
 from pytgi.models.transformers_attention import (
@@ -76,7 +76,7 @@ class TransformersCausalLM(CausalLM):
 
     def __init__(self, spec: TransformersSpec, quant_config=None):
         super().__init__()
-        if get_tp_info().world_size > 1:
+        if current_build_context().tp.world_size > 1:
             raise ModelLoadError(
                 f"{spec.architecture} runs on the transformers fallback, which does not shard: "
                 "use --num-shard 1"

@@ -1,4 +1,5 @@
-"""`ChatRenderer`: chat messages (+ tools, tool_choice, response_format) → a prompt (§2.7, §8).
+"""`ChatRenderer`: chat messages (+ tools, tool_choice, response_format) → a prompt
+(TGI_COMPATIBILITY.md §8, §14).
 
 Messages are normalised as TGI does before templating: multimodal content lists become one
 string (text chunks, images as `![](url)`), assistant tool calls become JSON text unless the
@@ -80,7 +81,8 @@ class ChatRenderer:
 def render_prompt(
     template: ChatTemplate, messages: list[dict[str, Any]], *, tools: list | None = None
 ) -> str:
-    """Render with a generation prompt; continue a final assistant message instead (§8)."""
+    """Render with a generation prompt; continue a final assistant message instead
+    (TGI_COMPATIBILITY.md §14)."""
     text = template.render(messages, add_generation_prompt=True, tools=tools)
     if messages and messages[-1]["role"] == "assistant":
         content = messages[-1]["content"]

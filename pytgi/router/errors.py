@@ -1,4 +1,5 @@
-"""Router-side constructors for typed errors, so every message carries TGI's prefix (§2.2)."""
+"""Router-side constructors for typed errors, so every message carries TGI's prefix
+(TGI_COMPATIBILITY.md §4)."""
 
 from __future__ import annotations
 

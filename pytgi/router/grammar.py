@@ -1,4 +1,5 @@
-"""Grammar requests (`grammar`, `response_format`, tool grammars) checked and normalised (§2.4, §8).
+"""Grammar requests (`grammar`, `response_format`, tool grammars) checked and normalised
+(TGI_COMPATIBILITY.md §13, §14).
 
 `parse_grammar` turns a `GrammarParam` into a `GrammarSpec` (a JSON schema or a regex) or raises
 `ValidationError` with TGI's texts: structural problems are "grammar is not valid: …", schemas the

@@ -1,4 +1,4 @@
-"""`Infer`: the request lifecycle above the engine (contract §3, §4.5, §7).
+"""`Infer`: the request lifecycle above the engine (TGI_COMPATIBILITY.md §11, §13).
 
 One `Infer` per server. Every TGI/OpenAI route is built from its methods: `generate` /
 `generate_stream` (validation, concurrency permit, best_of, details, stop strings,
@@ -14,9 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pytgi.config import CacheInfo, GrammarConfig, LimitsConfig
+from pytgi.config import CacheInfo, LimitsConfig
 from pytgi.engine.client import EngineClient
 from pytgi.errors import IncompleteGenerationError, OverloadedError
 from pytgi.messages.outputs import ErrorKind, RequestOutput
@@ -34,14 +34,11 @@ from pytgi.router.outputs import (
     Timings,
     ToolCall,
 )
-from pytgi.router.params import GenerateParameters, GrammarParam
+from pytgi.router.params import GenerateParameters
 from pytgi.router.sequence import SequenceBuilder, TokenStep
 from pytgi.router.tools import parse_tool_call
 from pytgi.router.validation import Validator, ValidRequest
 from pytgi.tokenizer.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from pytgi.router.images.pipeline import ImagePipeline
 
 
 class Infer:
@@ -61,27 +58,15 @@ class Infer:
         tokenizer: Tokenizer,
         limits: LimitsConfig,
         cache_info: CacheInfo,
-        *,
-        enable_prefill_logprobs: bool = False,
-        disable_grammar_support: bool = False,
-        engine_supports_grammar: bool = False,
-        grammar_config: GrammarConfig | None = None,
-        images: ImagePipeline | None = None,
+        **validator_options,
     ):
+        """`validator_options`: `Validator`'s keyword options (enable_prefill_logprobs,
+        disable_grammar_support, engine_supports_grammar, grammar_config, images)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.limits = limits
         self.cache_info = cache_info
-        self.validator = Validator(
-            tokenizer,
-            limits,
-            cache_info,
-            enable_prefill_logprobs=enable_prefill_logprobs,
-            disable_grammar_support=disable_grammar_support,
-            engine_supports_grammar=engine_supports_grammar,
-            grammar_config=grammar_config,
-            images=images,
-        )
+        self.validator = Validator(tokenizer, limits, cache_info, **validator_options)
         self.chat = ChatRenderer(tokenizer, grammar_enforced=self.validator.engine_supports_grammar)
         self._max_in_flight = limits.max_concurrent_requests
         self.num_in_flight = 0
@@ -175,31 +160,19 @@ class Infer:
             for i, (s, e) in zip(encoded.ids, encoded.offsets, strict=True)
         ]
 
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        tool_choice: str | Mapping[str, Any] | None = None,
-        tool_prompt: str | None = None,
-        response_format: GrammarParam | None = None,
-    ) -> ChatPrompt:
-        """Apply the chat template, with tool injection and the tool/response_format grammar (§8).
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], **options) -> ChatPrompt:
+        """Apply the chat template, with tool injection and the tool/response_format grammar
+        (TGI_COMPATIBILITY.md §14); `options` are `ChatRenderer.render`'s (tools, tool_choice,
+        tool_prompt, response_format).
 
         Raises `TemplateError` / `ToolError`. Tokenize the returned text with
         `add_special_tokens=False`. Rendering is CPU work: call it through a thread if the
         template is heavy.
         """
-        return self.chat.render(
-            messages,
-            tools=tools,
-            tool_choice=tool_choice,
-            tool_prompt=tool_prompt,
-            response_format=response_format,
-        )
+        return self.chat.render(messages, **options)
 
     def parse_tool_call(self, generated_text: str, prompt: ChatPrompt | None = None) -> ToolCall:
-        """The tool call in a tool-mode generation (§8).
+        """The tool call in a tool-mode generation (TGI_COMPATIBILITY.md §14).
 
         `name == "no_tool"` means the model answered without a tool: TGI then re-runs the request
         without tools and returns plain content. With an "auto" `prompt`, text that is no tool

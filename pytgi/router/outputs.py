@@ -1,4 +1,4 @@
-"""What `Infer` returns: the result objects of TGI's responses (contract §2.5, §2.6, §2.9).
+"""What `Infer` returns: the result objects of TGI's responses (TGI_COMPATIBILITY.md §6, §7, §10).
 
 `Token`, `PrefillToken`, `SimpleToken`, `BestOfSequence` and `StreamDetails` are the wire types
 themselves (pydantic dataclasses, TGI's names and field order): the server's response models

@@ -46,7 +46,8 @@ _NULL_DEFAULTS: dict[str, Any] = {
 
 
 class GenerateParameters(BaseModel):
-    """Every field of TGI's `GenerateParameters` (contract §2.4); `None` = server default."""
+    """Every field of TGI's `GenerateParameters` (TGI_COMPATIBILITY.md §6); `None` = server
+    default."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 

@@ -1,4 +1,5 @@
-"""`StopSequenceMatcher`: finds user stop strings in text that arrives piece by piece (§7).
+"""`StopSequenceMatcher`: finds user stop strings in text that arrives piece by piece
+(TGI_COMPATIBILITY.md §13).
 
 Text that could still be the start of a stop string is held back until that is decided, so a stop
 string split over several tokens is found and released text never has to be taken back. On a match

@@ -1,5 +1,5 @@
 """OpenAI `tools` + `tool_choice` → TGI's tool grammar and prompt text, and tool calls parsed back
-out of generated text (contract §8).
+out of generated text (TGI_COMPATIBILITY.md §14).
 
 TGI constrains the output to `{"function": {"_name": <tool>, <arguments>}}` with a JSON-schema
 grammar. Where the engine enforces grammars the output always has that form; where it does not

@@ -1,4 +1,5 @@
-"""`Validator`: TGI's request validation (contract §3), with its exact messages and order of checks.
+"""`Validator`: TGI's request validation (TGI_COMPATIBILITY.md §11), with its exact messages and
+order of checks.
 
 It turns `(inputs, GenerateParameters)` into a `ValidRequest`: prompt ids (truncated from the
 left), resolved `SamplingParams` (do_sample, seed) and `StoppingParams` (max_new_tokens, EOS ids),
@@ -27,7 +28,8 @@ from pytgi.tokenizer.tokenizer import Encoded, Tokenizer
 if TYPE_CHECKING:
     from pytgi.router.images.pipeline import ImagePipeline
 
-# TGI schedules max_new_tokens in chunks of this size and validates only the first chunk (§3.2)
+# TGI schedules max_new_tokens in chunks of this size and validates only the first chunk
+# (TGI_COMPATIBILITY.md §11)
 MAX_NEW_TOKENS_CHUNK = 1024
 GRAMMAR_UNAVAILABLE = "Grammar is not supported by this server"
 
@@ -109,7 +111,7 @@ class Validator:
             raise input_error(f"tokenizer error {exc}") from exc
 
     def check_best_of(self, params: GenerateParameters, *, stream: bool = False) -> int:
-        """The checks TGI runs before taking a permit (§3.1 step 1, §2.6 stream rules)."""
+        """The checks TGI runs before taking a permit (TGI_COMPATIBILITY.md §11 step 1, §7)."""
         best_of = params.best_of or 1
         if stream and best_of != 1:
             raise input_error("`best_of` != 1 is not supported when streaming tokens")

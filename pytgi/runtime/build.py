@@ -4,6 +4,7 @@ executor that runs its steps (one rank in this process, or tensor-parallel ranks
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pytgi import envs
 from pytgi.config import (
@@ -27,9 +28,12 @@ def build_engine_core(
 
     `on_rank_death(message)`: called once, from another thread, if a tensor-parallel rank dies (at
     start-up too), so the caller can report it before the next step fails."""
+    from pytgi.models.resolve import resolve_model
     from pytgi.worker.executor import create_executor  # torch: not in the API process
 
-    return EngineCore.start(config, create_executor(config, on_rank_death))
+    # a GGUF file (the offline API takes its path) has its tokenizer in its prepared directory
+    model_dir = partial(resolve_model, config.model)
+    return EngineCore.start(config, create_executor(config, on_rank_death), model_dir)
 
 
 def engine_config(
@@ -82,8 +86,11 @@ def engine_config(
         allow_pickle_weights=allow_pickle_weights,
         quantize=quantize,
         gguf_file=gguf_file,
-        quantize_activations=quantize_activations or envs.quant_activations(),
         lora_adapters=tuple(lora_adapters),
+        **{
+            **envs.model_fields(),
+            "quantize_activations": quantize_activations or envs.quant_activations(),
+        },
     )
     model, speculate = resolve_speculator(model, speculate or None)
     device = envs.device_config()
@@ -105,7 +112,7 @@ def engine_config(
             model_drafts=model.speculator is not None,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
-        parallel=ParallelConfig(num_shard=num_shard),
+        parallel=ParallelConfig(num_shard=num_shard, **envs.parallel_fields()),
         device=device,
         num_threads=num_threads,
     )

@@ -1,4 +1,5 @@
-"""Sampler: one step's logits → one `SampledToken` per row, as TGI chooses tokens (contract §7).
+"""Sampler: one step's logits → one `SampledToken` per row, as TGI chooses tokens
+(TGI_COMPATIBILITY.md §13).
 
 Order: watermark → repetition penalty → frequency penalty → grammar → temperature → top-k →
 top-p → typical-p → greedy argmax or seeded sampling. Each stage is a field of `SamplingMetadata`

@@ -1,4 +1,5 @@
-"""`create_app`: the FastAPI application serving TGI's HTTP API (contract §2) on an `Infer`.
+"""`create_app`: the FastAPI application serving TGI's HTTP API (TGI_COMPATIBILITY.md §3-§10) on an
+`Infer`.
 
 The launcher builds the engine, the router's `Infer` and the configs, calls `create_app`, flips
 `app.state.health` (`HealthState`) through `starting → ready → draining/dead`, and runs uvicorn.

@@ -1,4 +1,5 @@
-"""Chat response bodies: `chat.completion` objects and `chat.completion.chunk` events (§2.7).
+"""Chat response bodies: `chat.completion` objects and `chat.completion.chunk` events
+(TGI_COMPATIBILITY.md §8).
 
 Field order and values follow TGI: `id` is "", `system_fingerprint` is `<version>-<label>`, the
 finish reason maps only `eos_token` to `"stop"`, every delta carries `role` and a string

@@ -1,4 +1,4 @@
-"""OpenAI legacy completions: `POST /v1/completions` (contract §2.8).
+"""OpenAI legacy completions: `POST /v1/completions` (TGI_COMPATIBILITY.md §9).
 
 One request may carry up to `max_client_batch_size` prompts; they run concurrently. Non-streaming
 choices are returned sorted by `index` (TGI: in completion order) with summed usage and `x-*`

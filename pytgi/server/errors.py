@@ -1,4 +1,4 @@
-"""Errors → HTTP: TGI's status codes and `{"error", "error_type"}` bodies (contract §2.2).
+"""Errors → HTTP: TGI's status codes and `{"error", "error_type"}` bodies (TGI_COMPATIBILITY.md §4).
 
 Typed `PytgiError`s carry their own status and `error_type`. Body problems never reach a route:
 unreadable JSON → 400, a body of the wrong shape → 422, a non-JSON content type → 415 (TGI's

@@ -1,4 +1,5 @@
-"""TGI's response headers (contract §2.3): compute type, characters, timings and token counts.
+"""TGI's response headers (TGI_COMPATIBILITY.md §5): compute type, characters, timings and token
+counts.
 
 Times are integer milliseconds except `x-compute-time` (float seconds), as TGI sends them.
 `/v1/completions` sums them over its prompts (`HeaderTotals`).

@@ -3,8 +3,9 @@
 All of them decide on the raw ASGI `scope` (method and `scope["path"]`, the path the router will
 match), never on a URL rebuilt from the `Host` header (CVE-2026-48746).
 
-- `ApiKeyMiddleware`: with `--api-key`, every POST except `/chat_tokenize` (TGI §2.1) needs the
-  header `Authorization: Bearer <key>`, compared exactly and in constant time; else a bare 401.
+- `ApiKeyMiddleware`: with `--api-key`, every POST except `/chat_tokenize` (TGI_COMPATIBILITY.md
+  §3) needs the header `Authorization: Bearer <key>`, compared exactly and in constant time; else a
+  bare 401.
 - `GateMiddleware`: counts in-flight POSTs for the graceful drain and answers 503 to new ones while
   the server is not `ready`.
 - `TracingMiddleware`: with `--otlp-endpoint`, one OpenTelemetry span per request

@@ -1,7 +1,9 @@
-"""OpenAI-compatible wire types of `/v1/chat/completions` and `/v1/completions` (contract §2.7-8).
+"""OpenAI-compatible wire types of `/v1/chat/completions` and `/v1/completions`
+(TGI_COMPATIBILITY.md §8, §9).
 
-Requests are lenient (client compatibility, ecosystem §1.2): unknown keys and `null`s are accepted,
-`max_completion_tokens` is an alias of `max_tokens`, `stop` may be a string, and `response_format`
+Requests are lenient (client compatibility, TGI_COMPATIBILITY.md §16): unknown keys and `null`s are
+accepted, `max_completion_tokens` is an alias of `max_tokens`, `stop` may be a string, and
+`response_format`
 may use TGI's `{"type", "value"}` shape or OpenAI's (`json_schema` wrapper, bare `json_object`,
 `text`). Responses are plain dicts in TGI's field order, built by the route modules.
 """
@@ -121,8 +123,9 @@ class ChatRequest(WireRequest):
     def generate_parameters(
         self, grammar: GrammarParam | None, adapters: tuple[str, ...] = ()
     ) -> GenerateParameters:
-        """TGI's chat → generate mapping (§2.7), including `presence_penalty + 2.0`; `model`
-        picks a LoRA adapter among `adapters` (any other name: the base model)."""
+        """TGI's chat → generate mapping (TGI_COMPATIBILITY.md §8), including
+        `presence_penalty + 2.0`; `model` picks a LoRA adapter among `adapters` (any other name:
+        the base model)."""
         repetition = None if self.presence_penalty is None else self.presence_penalty + 2.0
         max_tokens = self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
         return GenerateParameters(

@@ -1,4 +1,5 @@
-"""OpenAI-compatible chat: `/v1/chat/completions`, `/chat_tokenize`, `/v1/models` (contract §2.7).
+"""OpenAI-compatible chat: `/v1/chat/completions`, `/chat_tokenize`, `/v1/models`
+(TGI_COMPATIBILITY.md §8).
 
 The chat template is rendered by the router (in a worker thread: templates come from model files
 and must not stall the event loop). Template and tool errors answer HTTP 422 before any stream

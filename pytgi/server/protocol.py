@@ -1,4 +1,4 @@
-"""TGI's wire types (contract §2.4-2.6, §2.9), named as in TGI's OpenAPI document.
+"""TGI's wire types (TGI_COMPATIBILITY.md §6, §7, §10), named as in TGI's OpenAPI document.
 
 Requests accept unknown keys and explicit `null` for every optional field (null = default).
 Responses serialise in TGI's field order; keys TGI omits when empty are listed in `_omit_if_none`.

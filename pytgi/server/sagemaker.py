@@ -1,4 +1,4 @@
-"""SageMaker's `POST /invocations` (TGI §2.1): one route for the three request kinds.
+"""SageMaker's `POST /invocations` (TGI_COMPATIBILITY.md §3): one route for the three request kinds.
 
 Like TGI's untagged enum, the body is tried as a generate request (`inputs`), then a chat request
 (`messages`), then a completions request (`prompt`).

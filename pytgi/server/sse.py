@@ -3,8 +3,8 @@
 Framing is `data: <compact json>\\n\\n`, with a space after the colon. TGI (axum) sends
 `data:<json>`; every client we support parses both for JSON events, but huggingface_hub stops
 only on the exact `data: [DONE]` and vLLM's benchmark strips the prefix `data: `, so the spaced
-form is the one all of them accept (ecosystem §1.2). OpenAI routes end with `data: [DONE]`;
-`/generate_stream` does not.
+form is the one all of them accept (TGI_COMPATIBILITY.md §16). OpenAI routes end with
+`data: [DONE]`; `/generate_stream` does not.
 
 `EventStreamResponse` pulls frames from an async iterator in a producer task. While no frame
 arrives for `keep_alive_s` it sends a `:` comment (TGI: 15 s). When the client disconnects it

@@ -1,4 +1,5 @@
-"""TGI's native routes (contract §2.1, §2.4-2.6, §2.9): generate, streams, tokenize, info, health.
+"""TGI's native routes (TGI_COMPATIBILITY.md §3, §6, §7, §10): generate, streams, tokenize, info,
+health.
 
 Each handler parses its wire type, calls `Infer`, and formats the result; typed errors become TGI
 error bodies (non-streaming) or one SSE error event on HTTP 200 (streaming, as TGI does).

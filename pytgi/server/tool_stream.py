@@ -1,7 +1,8 @@
 """Streaming tool calls: the text of a tool-mode generation → OpenAI `tool_calls` argument deltas.
 
-The model writes `{"function": {"_name": "<name>", <arguments>}}` (the router's tool grammar, §8).
-As TGI does, nothing is emitted until the name is complete; the first delta carries the name and
+The model writes `{"function": {"_name": "<name>", <arguments>}}` (the router's tool grammar,
+TGI_COMPATIBILITY.md §14). As TGI does, nothing is emitted until the name is complete; the first
+delta carries the name and
 `"{"`, the following ones the argument text as it arrives, and the wrapper's closing brace is
 dropped, so the concatenated `arguments` is the JSON object of the arguments.
 """

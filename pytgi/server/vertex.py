@@ -1,4 +1,5 @@
-"""Vertex AI's `POST /vertex` (TGI §2.1, §2.9): `{"instances": [...]}` → `{"predictions": [...]}`.
+"""Vertex AI's `POST /vertex` (TGI_COMPATIBILITY.md §3, §10): `{"instances": [...]}` →
+`{"predictions": [...]}`.
 
 TGI always registers it. Each instance is a generate request (`{inputs, parameters?}`, of whose
 parameters only `max_new_tokens` and `seed` are honoured; it samples) or a chat request

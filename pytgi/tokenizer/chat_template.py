@@ -1,4 +1,5 @@
-"""`ChatTemplate`: a model's Jinja chat template, rendered in a sandbox with HF conventions (§8).
+"""`ChatTemplate`: a model's Jinja chat template, rendered in a sandbox with HF conventions
+(TGI_COMPATIBILITY.md §14).
 
 Source, first found: `chat_template.json` (`{"chat_template": ...}`), `chat_template.jinja`, the
 tokenizer config (`tokenizer_config.json` or `--tokenizer-config-path`), `processor_config.json`.

@@ -1,4 +1,5 @@
-"""`IncrementalDetokenizer`: token ids in, text pieces out, one token at a time (contract §7).
+"""`IncrementalDetokenizer`: token ids in, text pieces out, one token at a time
+(TGI_COMPATIBILITY.md §13).
 
 TGI's prefix/read-offset algorithm: after each token, decode `ids[prefix:]` and `ids[prefix:read]`
 and emit the difference. Decoding a window (not single tokens) keeps tokenizer-specific spacing

@@ -4,9 +4,9 @@ Loads `tokenizer.json` with the `tokenizers` library (no transformers, no torch)
 only a slow tokenizer (e.g. `tokenizer.model`) is converted once through transformers, as TGI's
 router does. Special tokens come from `tokenizer_config.json` (string or `{content: ...}` objects).
 EOS ids: a *list* `eos_token_id` in `generation_config.json` replaces the tokenizer's EOS (TGI,
-§7); a single id there that differs from the tokenizer's EOS is added to it, as transformers and
-vLLM do (TGI uses only the tokenizer's), so a chat model whose converted tokenizer names another
-EOS still stops at the end of its turn.
+TGI_COMPATIBILITY.md §13); a single id there that differs from the tokenizer's EOS is added to it,
+as transformers and vLLM do (TGI uses only the tokenizer's), so a chat model whose converted
+tokenizer names another EOS still stops at the end of its turn.
 
 Long texts can be measured without tokenizing them whole: `count_tokens` counts piece by piece and
 stops past a limit, and `encode_tail` tokenizes only the end a truncation keeps, so the work (and

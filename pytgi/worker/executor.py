@@ -13,12 +13,11 @@ import logging
 import re
 from collections.abc import Callable
 
-from pytgi import envs
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.parallel_state import destroy_distributed
 from pytgi.errors import EngineDeadError, PytgiError
 from pytgi.messages.executor import Executor
-from pytgi.messages.outputs import ModelOutput, SchedulerOutput
+from pytgi.messages.outputs import ModelOutput, PendingMasks, SchedulerOutput
 from pytgi.worker.step_transport import send_step
 from pytgi.worker.supervisor import RankSupervisor
 from pytgi.worker.worker import Worker
@@ -46,8 +45,10 @@ class UniprocExecutor(Executor):
         self.worker = Worker(self.config, rank=0)
         return self.worker.initialize(_model_dir(self.config))
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        return self.worker.execute(scheduler_output)
+    def execute(
+        self, scheduler_output: SchedulerOutput, grammar_masks: PendingMasks | None = None
+    ) -> ModelOutput:
+        return self.worker.runner.execute(scheduler_output, grammar_masks)
 
     def shutdown(self) -> None:
         if self.worker is not None:
@@ -84,10 +85,12 @@ class MultiprocExecutor(Executor):
         self.ready = True
         return cache_info
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
+    def execute(
+        self, scheduler_output: SchedulerOutput, grammar_masks: PendingMasks | None = None
+    ) -> ModelOutput:
         self.supervisor.check()
-        try:
-            return self.worker.execute(scheduler_output)  # sends the step's inputs to the ranks
+        try:  # rank 0's runner sends the step's inputs to the other ranks first
+            return self.worker.runner.execute(scheduler_output, grammar_masks)
         except Exception as exc:
             raise self._step_failure(exc) from exc
 
@@ -128,7 +131,7 @@ class MultiprocExecutor(Executor):
         message = f"a tensor-parallel step failed on rank 0: {_describe(exc)}"
         if "timed out" in message.lower():
             message += (
-                f" (a rank did not answer within {envs.tp_collective_timeout_s():g}s, "
+                f" (a rank did not answer within {self.config.parallel.collective_timeout_s:g}s, "
                 "PYTGI_TP_COLLECTIVE_TIMEOUT_S)"
             )
         return EngineDeadError(message)

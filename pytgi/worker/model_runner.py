@@ -23,14 +23,14 @@ import torch
 
 from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVCache, KVCacheSpec, Platform
 from pytgi.config import EngineConfig
-from pytgi.distributed.parallel_state import get_tp_info
+from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ConfigError
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext
 from pytgi.layers.forward_context import forward_context
 from pytgi.layers.lora import LoRABatch
 from pytgi.layers.rotary import RotaryEmbedding
-from pytgi.messages.outputs import ModelOutput, SampledToken, SchedulerOutput
+from pytgi.messages.outputs import ModelOutput, PendingMasks, SampledToken, SchedulerOutput
 from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.models.multimodal import is_multimodal
@@ -48,7 +48,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, platform: Platform, rank: int = 0):
         self.config = config
         self.platform = platform
-        self.tp = get_tp_info()
+        self.tp = TPInfo(rank, config.parallel.num_shard)
         self.device = platform.device_for_rank(rank)
         self.block_size = config.cache.block_size
         dtype = config.model.dtype
@@ -84,6 +84,8 @@ class ModelRunner:
             dtype=self.dtype,
             kv_cache_dtype=KV_CACHE_TORCH_DTYPES.get(self.config.cache.kv_cache_dtype),
             max_model_len=self.config.model.max_model_len,
+            tp=self.tp,
+            quant_ops=self.platform.quant_ops(self.dtype),
         )
         self.model, self.spec = build_model(self.config.model, model_dir, context, self.device)
         self._load_lora_adapters()
@@ -263,8 +265,11 @@ class ModelRunner:
     # ---- steps --------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        """Rank 0: run the step (sending its inputs to the other ranks first) and sample."""
+    def execute(
+        self, scheduler_output: SchedulerOutput, grammar_masks: PendingMasks | None = None
+    ) -> ModelOutput:
+        """Rank 0: run the step (sending its inputs to the other ranks first) and sample, once
+        the step's grammar masks (filled by the engine while the forward runs) are in."""
         self.states.update(scheduler_output)
         for request_id in scheduler_output.freed_request_ids:
             self._next_prompt_logprob.pop(request_id, None)
@@ -277,8 +282,8 @@ class ModelRunner:
         if self.tp.world_size > 1:
             send_step(inputs)
         logits, prompt_logits = self.execute_inputs(inputs)
-        if scheduler_output.grammar_masks_ready is not None:
-            scheduler_output.grammar_masks_ready()  # filled by the engine during the forward
+        if grammar_masks is not None:
+            grammar_masks.wait()
         sampled = accept_drafts(plan, self.sampler(logits.float(), plan.sample_rows))
         return ModelOutput(
             sampled=sampled,

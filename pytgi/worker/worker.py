@@ -12,13 +12,11 @@ from pathlib import Path
 
 import torch
 
-from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheInfo, EngineConfig
 from pytgi.distributed.comm import tp_barrier, tp_min
 from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
 from pytgi.errors import ModelLoadError, PytgiError
-from pytgi.messages.outputs import ModelOutput, SchedulerOutput
 from pytgi.worker.model_runner import ModelRunner
 from pytgi.worker.step_transport import receive_step
 from pytgi.worker.warmup import MAX_WARMUP_PREFILL_TOKENS
@@ -38,27 +36,28 @@ class Worker:
         num_threads = config.num_threads or self.platform.threads_per_rank(world_size)
         if num_threads:
             torch.set_num_threads(num_threads)
-        if world_size > 1:
-            init_distributed(
-                rank,
-                world_size,
-                config.parallel.master_addr,
-                config.parallel.master_port,
-                self.platform.dist_backend,
-            )
+        parallel = config.parallel
+        init_distributed(  # a single rank joins no group, but is recorded for the collectives
+            rank,
+            world_size,
+            parallel.master_addr,
+            parallel.master_port,
+            self.platform.dist_backend,
+            parallel.collective_timeout_s,
+        )
         self.runner = ModelRunner(config, self.platform, rank)
 
     def initialize(self, model_dir: Path) -> CacheInfo:
         """Load, warm up, size and allocate the KV cache; all ranks end with the same num_blocks."""
         t0 = time.perf_counter()
-        _inject_test_fault(self.rank, "load")
+        _inject_test_fault(self.config.parallel.test_rank_fault, self.rank, "load")
         self.runner.load_model(model_dir)
         tp_barrier(LOAD_WAIT_TIMEOUT_S)  # from here on, ranks wait on each other only within a step
         t1 = time.perf_counter()
         prefill_tokens = min(
             self.config.scheduler.max_batch_prefill_tokens, MAX_WARMUP_PREFILL_TOKENS
         )
-        _inject_test_fault(self.rank, "warmup")
+        _inject_test_fault(self.config.parallel.test_rank_fault, self.rank, "warmup")
         self.runner.warm_up(prefill_tokens)
         t2 = time.perf_counter()
         num_blocks = tp_min(self._num_blocks())
@@ -110,17 +109,15 @@ class Worker:
             lora_adapters=tuple(self.runner.input_builder.lora_slots),
         )
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelOutput:
-        return self.runner.execute(scheduler_output)
-
     def shutdown(self) -> None:
         self.runner.free_kv_cache()
         destroy_distributed()
 
 
-def _inject_test_fault(rank: int, stage: str) -> None:
-    """Tests only: PYTGI_TEST_RANK_FAULT="<rank>:<stage>" makes that rank fail at that stage."""
-    if envs.test_rank_fault() == (rank, stage):
+def _inject_test_fault(fault: tuple[int, str] | None, rank: int, stage: str) -> None:
+    """Tests only: `ParallelConfig.test_rank_fault` (PYTGI_TEST_RANK_FAULT="<rank>:<stage>") makes
+    that rank fail at that stage."""
+    if fault == (rank, stage):
         raise RuntimeError(f"fault injected at {stage} by PYTGI_TEST_RANK_FAULT")
 
 

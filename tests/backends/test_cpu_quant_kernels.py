@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pytgi.backends.cpu import kernels
+from pytgi.backends.cpu.platform import CpuPlatform
 from pytgi.backends.cpu.quant_layout import (
     FP8,
     INT4,
@@ -22,6 +23,8 @@ from pytgi.backends.cpu.quant_layout import (
     unpack_codes,
 )
 from pytgi.backends.cpu.quant_ops import int8_acts_reference, quantize_activations, torch_linear
+from pytgi.config import DeviceConfig
+from pytgi.errors import ConfigError
 from pytgi.layers.quantization.quantizers import code_table
 from pytgi.utils.math import cdiv
 
@@ -178,20 +181,20 @@ def test_vnni_equals_avx2_at_the_saturation_bounds(ops, vnni, fmt):
 
 
 def test_vnni_is_what_auto_picks_and_can_be_forced(ops, vnni):
+    """The platform names its table once (DeviceConfig.quant_isa) and every product runs on it;
+    "auto" is the best, an unknown or unavailable table fails at start-up."""
     assert ops.quant_isa() == vnni and ops.quant_isas() == [vnni, "avx2", "scalar"]
     w = random_weight(INT4, 40, 128, 32)
     x = torch.randn(5, 128)
-    try:
-        for isa in ("avx2", "scalar", vnni):  # what the layers' "auto" runs, switched
-            ops.set_quant_isa(isa)
-            assert ops.quant_isa() == isa
-            y = ops.quant_linear(x, *w.kernel_args(), None, True)
-            assert torch.equal(y, ops.quant_linear(x, *w.kernel_args(), None, True, isa=isa))
-    finally:
-        ops.set_quant_isa("auto")
+    for isa in ("avx2", "scalar", vnni):  # what the layers' products run, switched
+        platform = CpuPlatform(DeviceConfig(quant_isa=isa))
+        assert platform.quant_isa == isa
+        y = platform.quant_ops(torch.float32).linear(x, w, None, True)
+        assert torch.equal(y, ops.quant_linear(x, *w.kernel_args(), None, True, isa=isa))
+    assert CpuPlatform(DeviceConfig()).quant_isa == vnni
     assert ops.quant_isa() == vnni
-    with pytest.raises(RuntimeError, match="unknown isa"):
-        ops.set_quant_isa("avx9000")
+    with pytest.raises(ConfigError, match="avx9000 quant kernels are not available"):
+        CpuPlatform(DeviceConfig(quant_isa="avx9000"))
 
 
 def test_activation_quantisation_matches_torch(ops, isas):

@@ -27,7 +27,7 @@ def copied_sources(tmp_path, monkeypatch):
     headers = [Path(shutil.copy(h, csrc)) for h in kernels.HEADERS]
     monkeypatch.setattr(kernels, "SOURCES", sources)
     monkeypatch.setattr(kernels, "HEADERS", headers)
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(kernels, "default_build_root", lambda: tmp_path / "ext")
     return headers[0]
 
 
@@ -77,3 +77,27 @@ def test_builds_are_announced_run_one_at_a_time_and_survive_a_killed_build(
     assert overlaps == [0, 0]  # the second build waited for the first
     announced = [r.getMessage() for r in caplog.records if "Building the CPU kernels" in r.message]
     assert announced and "may take a few minutes" in announced[0]
+
+
+def test_every_checkout_compiles_the_same_staged_paths(copied_sources, tmp_path, monkeypatch):
+    """Two checkouts of the same sources hand torch the same source paths (copies inside the
+    build directory), so its ninja file does not change and nothing rebuilds between them."""
+    compiled = []
+
+    def fake_load(name, build_directory, sources, **kwargs):
+        compiled.append(sources)
+        return ModuleType(name)
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_load)
+    kernels._build_and_import()
+    other_checkout = tmp_path / "other"
+    other_checkout.mkdir()
+    moved = [Path(shutil.copy(s, other_checkout)) for s in kernels.SOURCES + kernels.HEADERS]
+    monkeypatch.setattr(kernels, "SOURCES", moved[: len(kernels.SOURCES)])
+    monkeypatch.setattr(kernels, "HEADERS", moved[len(kernels.SOURCES) :])
+    kernels._build_and_import()
+    first, second = compiled
+    assert first == second
+    staged = kernels.build_directory(kernels._cflags()) / "src"
+    assert all(Path(path).parent == staged for path in first)
+    assert {p.name for p in staged.iterdir()} == {p.name for p in moved}

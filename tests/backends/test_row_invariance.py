@@ -13,8 +13,8 @@ import torch
 
 from pytgi.backends.cpu import kernels
 from pytgi.backends.cpu.quant_layout import FP8
-from pytgi.backends.cpu.quant_ops import quant_linear
-from pytgi.layers.quantization.packing import pack_codebook, pack_quantized
+from pytgi.backends.cpu.quant_ops import CpuQuantOps
+from pytgi.backends.cpu.quant_packing import pack_codebook, pack_quantized
 from pytgi.layers.quantization.quantizers import (
     quantize_codebook,
     quantize_fp8,
@@ -79,7 +79,7 @@ def test_quantized_kernels(ops, name, acts):
     if acts == "int8" and packed.format == FP8:
         pytest.skip("fp8 has no int8-activation kernel")
     bias = torch.randn(N)
-    assert_row_invariant(lambda x: quant_linear(x, packed, bias, ops, acts == "int8"))
+    assert_row_invariant(lambda x: CpuQuantOps(ops).linear(x, packed, bias, acts == "int8"))
 
 
 def test_decode_attention_rows(ops):

@@ -27,3 +27,10 @@ def test_auto_without_a_gpu_is_cpu():
 def test_cuda_without_a_gpu_is_an_error():
     with pytest.raises(ConfigError, match="no CUDA device"):
         select_platform(DeviceConfig(device="cuda"))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", None])
+def test_cpu_models_default_to_float32(model_type):
+    """A deviation from TGI's GPU defaults (docs/TGI_COMPATIBILITY.md §17): reduced-precision
+    matmuls are slower than fp32 on CPUs without bf16 instructions."""
+    assert CpuPlatform(DeviceConfig(kernels=False)).default_dtype(model_type) == torch.float32

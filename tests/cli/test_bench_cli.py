@@ -70,18 +70,9 @@ def test_dispatch_to_http(monkeypatch):
             return 0
 
     args = parse("--url", "http://127.0.0.1:1")
-    monkeypatch.setattr(bench, "_http_cli", lambda: FakeHttpCli)
+    monkeypatch.setattr(bench, "http_cli", FakeHttpCli)
     assert bench.run_bench(args) == 0
     assert calls == ["http://127.0.0.1:1"]
-
-
-def test_without_the_http_benchmark(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_http_cli", lambda: None)
-    parser = argparse.ArgumentParser()
-    bench.add_bench_args(parser)
-    assert bench.run_bench(parser.parse_args(["--url", "http://x"])) == 2
-    assert bench.run_compare_cli(["a.json", "b.json"]) == 2
-    assert "HTTP benchmark" in capsys.readouterr().err
 
 
 def test_compare_reaches_the_http_benchmark(tmp_path, capsys):

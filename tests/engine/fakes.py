@@ -32,7 +32,7 @@ class FakeExecutor:
             self.num_blocks, self.block_size, total, total - 1, total, 4096, "fp32", "cpu"
         )
 
-    def execute(self, out: SchedulerOutput) -> ModelOutput:
+    def execute(self, out: SchedulerOutput, grammar_masks=None) -> ModelOutput:
         self.steps.append(out)
         self.states.update(out)
         result = ModelOutput()

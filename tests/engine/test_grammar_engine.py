@@ -121,7 +121,9 @@ def record_draft_checks(llm: LLM) -> dict[str, int]:
     executor, counts = llm.core.executor, {"grammar_drafts": 0}
     execute = executor.execute
 
-    def checked_execute(scheduler_output):
+    def checked_execute(scheduler_output, grammar_masks=None):
+        if grammar_masks is not None:
+            grammar_masks.wait()  # the rows are filled while the forward runs
         for r in scheduler_output.requests:
             masks = r.grammar_bitmask
             if masks is None:
@@ -130,7 +132,7 @@ def record_draft_checks(llm: LLM) -> dict[str, int]:
             for j, draft in enumerate(r.draft_ids):
                 assert allows(masks[j], draft), (r.request_id, j, draft)
                 counts["grammar_drafts"] += 1
-        return execute(scheduler_output)
+        return execute(scheduler_output, grammar_masks)
 
     executor.execute = checked_execute
     return counts

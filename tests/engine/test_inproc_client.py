@@ -61,7 +61,7 @@ def test_closing_a_stream_aborts_and_frees_blocks():
 
 def test_a_dead_engine_fails_open_streams():
     class Exploding(FakeExecutor):
-        def execute(self, out):
+        def execute(self, out, grammar_masks=None):
             raise SystemError("boom")
 
     async def main():
@@ -83,7 +83,7 @@ def test_an_engine_dead_error_in_a_step_ends_the_engine():
     from pytgi.errors import EngineDeadError
 
     class LostShard(FakeExecutor):
-        def execute(self, out):
+        def execute(self, out, grammar_masks=None):
             raise EngineDeadError("tensor-parallel rank 1 died (exit code -9: SIGKILL)")
 
     async def main():

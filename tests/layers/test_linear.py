@@ -4,13 +4,18 @@ Also the weight loaders' shape checks. The real two-process gloo run is in test_
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pytgi.distributed import parallel_state
 from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ModelLoadError
-from pytgi.layers import embedding, linear
+from pytgi.layers import embedding
+from pytgi.layers.build_context import build_context, current_build_context
 from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pytgi.layers.linear import (
     ColumnParallelLinear,
@@ -23,12 +28,16 @@ from pytgi.layers.linear import (
 
 @pytest.fixture
 def as_rank(monkeypatch):
-    def set_rank(rank: int, world_size: int) -> None:
-        info = TPInfo(rank, world_size)
-        monkeypatch.setattr(linear, "get_tp_info", lambda: info)
-        monkeypatch.setattr(embedding, "get_tp_info", lambda: info)
+    """Layers built after `set_rank(rank, world_size)` are that rank's shard. The process itself
+    is one rank, so the collectives are identities and the test combines the shards."""
+    monkeypatch.setattr(parallel_state, "_TP_INFO", TPInfo(0, 1))
+    with ExitStack() as stack:
 
-    return set_rank
+        def set_rank(rank: int, world_size: int) -> None:
+            context = replace(current_build_context(), tp=TPInfo(rank, world_size))
+            stack.enter_context(build_context(context))
+
+        yield set_rank
 
 
 def load(layer, name: str, tensor: torch.Tensor, shard_id=None) -> None:

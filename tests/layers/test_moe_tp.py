@@ -68,12 +68,14 @@ def _check_block() -> None:
 
 def _run_rank(rank: int, port: int) -> None:
     from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+    from pytgi.layers.build_context import BuildContext, build_context
 
     torch.set_num_threads(1)
-    init_distributed(rank, 2, "127.0.0.1", port)
+    tp = init_distributed(rank, 2, "127.0.0.1", port)
     try:
         torch.manual_seed(0)  # both ranks draw the same full weights and inputs
-        _check_block()
+        with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
+            _check_block()
     finally:
         destroy_distributed()
 

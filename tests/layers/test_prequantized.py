@@ -6,6 +6,7 @@ output row is independent of the batch, and what pytgi cannot serve is refused i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from fixtures.prequantized import ct_scheme, make_awq, make_compressed, make_fp8
 
 from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ConfigError, ModelLoadError
-from pytgi.layers import linear
+from pytgi.layers.build_context import build_context, current_build_context
 from pytgi.layers.linear import QKVParallelLinear, RowParallelLinear
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.layers.quantization.detect import (
@@ -24,6 +25,12 @@ from pytgi.layers.quantization.detect import (
 from pytgi.layers.quantization.int_packing import pack_stream, unpack_stream
 from pytgi.layers.quantization.prequantized import PrequantizedLinearMethod, PrequantizedTensors
 from pytgi.layers.quantization.prequantized_formats import format_for
+
+
+def as_rank(rank: int, world_size: int):
+    """Layers built inside are that rank's shard (this process is one rank: the collectives are
+    identities and the tests combine the shards)."""
+    return build_context(replace(current_build_context(), tp=TPInfo(rank, world_size)))
 
 
 def quant(method, **kw) -> CheckpointQuant:
@@ -44,8 +51,8 @@ def assemble(q: CheckpointQuant, tensors: dict):
 class _Config(QuantConfig):
     name = "test"
 
-    def get_linear_method(self, prefix, kernels):
-        return PrequantizedLinearMethod(kernels, "test")
+    def get_linear_method(self, prefix, ops):
+        return PrequantizedLinearMethod(ops, "test")
 
 
 def row_layer(piece, k, n):
@@ -93,7 +100,7 @@ def test_gptq_group_not_dividing_inputs(cpu_kernels):
 
 
 @pytest.mark.parametrize("bits", [4, 3])
-def test_gptq_act_order_fused_and_sharded(bits, cpu_kernels, monkeypatch):
+def test_gptq_act_order_fused_and_sharded(bits, cpu_kernels):
     """desc_act: one g_idx (a permutation of the groups) shared by q/k/v; a row-parallel shard
     of it splits groups anywhere and still computes its part exactly."""
     k, group = 128, 32
@@ -111,8 +118,8 @@ def test_gptq_act_order_fused_and_sharded(bits, cpu_kernels, monkeypatch):
     x = torch.randn(3, k)
     total = 0
     for rank in range(2):
-        monkeypatch.setattr(linear, "get_tp_info", lambda r=rank: TPInfo(r, 2))
-        layer = row_layer(assemble(q, tensors), k, 64)
+        with as_rank(rank, 2):
+            layer = row_layer(assemble(q, tensors), k, 64)
         total = total + layer.quant_method.apply(layer, x[:, 64 * rank : 64 * rank + 64])
     torch.testing.assert_close(total, x @ w.t(), rtol=1e-5, atol=1e-5)
 
@@ -124,18 +131,17 @@ def test_awq_gemm_packing(cpu_kernels):
     assert_layer_matches(row_layer(piece, 256, 64), w, 256)
 
 
-def test_row_parallel_shards_split_on_group_boundaries(monkeypatch, cpu_kernels):
+def test_row_parallel_shards_split_on_group_boundaries(cpu_kernels):
     tensors, w = make_gptq(64, 256, 4, 64, sym=False)
     q = quant("gptq", bits=4, group_size=64)
     x = torch.randn(3, 256)
     total = 0
     for rank in range(2):
-        monkeypatch.setattr(linear, "get_tp_info", lambda r=rank: TPInfo(r, 2))
-        layer = row_layer(assemble(q, tensors), 256, 64)
+        with as_rank(rank, 2):
+            layer = row_layer(assemble(q, tensors), 256, 64)
         total = total + layer.quant_method.apply(layer, x[:, 128 * rank : 128 * rank + 128])
     torch.testing.assert_close(total, x @ w.t(), rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(linear, "get_tp_info", lambda: TPInfo(0, 8))  # 32 inputs per rank
-    with pytest.raises(ModelLoadError, match="not block-aligned"):
+    with as_rank(0, 8), pytest.raises(ModelLoadError, match="not block-aligned"):  # 32 per rank
         row_layer(assemble(q, tensors), 256, 64)
 
 
@@ -256,12 +262,13 @@ def test_quantize_flag_must_agree():
 def test_a_rows_result_does_not_depend_on_its_batch():
     """docs/KERNELS.md's row invariance, for an act-order layer (its gather included)."""
     from pytgi.backends.cpu import kernels
+    from pytgi.backends.cpu.quant_ops import CpuQuantOps
 
     g_idx = torch.randperm(256, generator=torch.Generator().manual_seed(1)) // 32
     tensors, _ = make_gptq(96, 256, 4, 32, sym=False, g_idx=g_idx)
     piece = assemble(quant("gptq", bits=4, group_size=32), tensors)
     layer = RowParallelLinear(256, 96, quant_config=_Config())
-    layer.quant_method.kernels = kernels.load_cpu_kernels()
+    layer.quant_method.ops = CpuQuantOps(kernels.load_cpu_kernels())
     layer.weight.weight_loader(layer.weight, piece)
     layer.quant_method.process_weights_after_loading(layer)
     x = torch.randn(13, 256)

@@ -7,16 +7,19 @@ run. Each case runs on the compiled kernels and on the pure-torch path."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from pytgi.backends.cpu import kernels
 from pytgi.backends.cpu.quant_ops import int8_acts_reference
+from pytgi.distributed import parallel_state
 from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ConfigError, ModelLoadError
-from pytgi.layers import embedding, linear
-from pytgi.layers.build_context import BuildContext, build_context
+from pytgi.layers.build_context import BuildContext, build_context, current_build_context
 from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pytgi.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pytgi.layers.quantization.cpu_methods import Int4LinearMethod, Int8LinearMethod
@@ -54,12 +57,16 @@ def ops():
 
 @pytest.fixture
 def as_rank(monkeypatch):
-    def set_rank(rank: int, world_size: int) -> None:
-        info = TPInfo(rank, world_size)
-        monkeypatch.setattr(linear, "get_tp_info", lambda: info)
-        monkeypatch.setattr(embedding, "get_tp_info", lambda: info)
+    """Layers built after `set_rank(rank, world_size)` are that rank's shard. The process itself
+    is one rank, so the collectives are identities and the test combines the shards."""
+    monkeypatch.setattr(parallel_state, "_TP_INFO", TPInfo(0, 1))
+    with ExitStack() as stack:
 
-    return set_rank
+        def set_rank(rank: int, world_size: int) -> None:
+            context = replace(current_build_context(), tp=TPInfo(rank, world_size))
+            stack.enter_context(build_context(context))
+
+        yield set_rank
 
 
 def load(layer, tensor, shard_id=None) -> None:
@@ -79,7 +86,7 @@ def assert_output(layer, x, dense, bias=None):
     activations, the float64 reference of the same quantised activations."""
     y = layer(x).double()
     method = layer.quant_method
-    if method.kernels is not None and method.policy.int8_acts(x.shape[0]):
+    if method.ops.compiled and method.policy.int8_acts(x.shape[0]):
         expected = int8_acts_reference(x, layer.quant_packed)
     else:
         expected = x.double() @ dense.double().t()

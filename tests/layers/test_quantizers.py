@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pytgi.backends.cpu.quant_layout import INT4, INT8
+from pytgi.backends.cpu.quant_packing import pack_codebook, pack_int8, pack_quantized
 from pytgi.errors import ModelLoadError
-from pytgi.layers.quantization.packing import pack_codebook, pack_int8, pack_quantized
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 from pytgi.layers.quantization.quantizers import (
     code_table,

@@ -4,6 +4,7 @@ computation. Rank 0 runs in the test process, rank 1 in one spawned process."""
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
@@ -112,7 +113,7 @@ def _check_quantized_mlp(x):
     """Pre-quantized Q4_0 gate/up (column shards exact) and Q8_0 down (row shards on block
     boundaries) on the compiled kernels, fp32 activations: equal to the unsharded product."""
     from pytgi.backends.cpu.kernels import load_cpu_kernels
-    from pytgi.layers.build_context import BuildContext, build_context
+    from pytgi.layers.build_context import build_context, current_build_context
     from pytgi.layers.linear import MergedColumnParallelLinear, RowParallelLinear
     from pytgi.layers.quantization.cpu_methods import Int4LinearMethod, Int8LinearMethod
     from pytgi.layers.quantization.packed import FP32_ACTIVATIONS
@@ -123,10 +124,10 @@ def _check_quantized_mlp(x):
     down = quantize_q8_0(torch.randn(64, 64))
     q4 = OnTheFlyQuantConfig("q4", lambda kernels: Int4LinearMethod(kernels, FP32_ACTIVATIONS))
     q8 = OnTheFlyQuantConfig("q8", lambda kernels: Int8LinearMethod(kernels, FP32_ACTIVATIONS))
-    with build_context(BuildContext(kernels=load_cpu_kernels())):
+    with build_context(replace(current_build_context(), kernels=load_cpu_kernels())):
         gate_up = MergedColumnParallelLinear(64, [64, 64], quant_config=q4)
         down_proj = RowParallelLinear(64, 64, quant_config=q8)
-    assert gate_up.quant_method.kernels is not None
+    assert gate_up.quant_method.ops.compiled
     _load(gate_up, "weight", gate, 0)
     _load(gate_up, "weight", up, 1)
     _load(down_proj, "weight", down)
@@ -143,16 +144,18 @@ def _check_quantized_mlp(x):
 def _run_rank(rank: int, port: int) -> None:
     from pytgi.distributed.comm import tp_min
     from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+    from pytgi.layers.build_context import BuildContext, build_context
 
     torch.set_num_threads(1)
-    init_distributed(rank, 2, "127.0.0.1", port)
+    tp = init_distributed(rank, 2, "127.0.0.1", port)
     try:
         torch.manual_seed(0)  # both ranks draw the same full weights and inputs
         x = torch.randn(5, 8)
-        _check_mlp(x)
-        _check_qkv(x)
-        _check_vocab(rank)
-        _check_quantized_mlp(torch.randn(5, 64))
+        with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
+            _check_mlp(x)
+            _check_qkv(x)
+            _check_vocab(rank)
+            _check_quantized_mlp(torch.randn(5, 64))
         assert tp_min(10 + rank) == 10
         _check_step_transport(rank)
     finally:

@@ -21,7 +21,12 @@ BLOCK_SIZE = 16
 def engine_config(
     model_dir: Path, implementation: str = "auto", quantize: str | None = None, **cache
 ) -> EngineConfig:
-    model = ModelConfig(model_id=str(model_dir), implementation=implementation, quantize=quantize)
+    model = ModelConfig(
+        model_id=str(model_dir),
+        implementation=implementation,
+        quantize=quantize,
+        **envs.model_fields(),
+    )
     return EngineConfig(model=model, cache=CacheConfig(**cache))
 
 
@@ -116,7 +121,7 @@ def load_runner(model_dir: Path, quantize: str | None = None, num_tokens: int = 
     """A ModelRunner of `model_dir` (a checkpoint or a GGUF model's prepared directory) quantized
     with `quantize`, with KV blocks for one `num_tokens` sequence."""
     config = EngineConfig(
-        model=ModelConfig(model_id=str(model_dir), quantize=quantize),
+        model=ModelConfig(model_id=str(model_dir), quantize=quantize, **envs.model_fields()),
         cache=CacheConfig(block_size=BLOCK_SIZE),
     )
     runner = ModelRunner(config, select_platform())

@@ -9,6 +9,7 @@ import pytest
 import torch
 from models.runner_utils import BlockAllocator, make_runner, prompt, scheduled, step
 
+from pytgi import envs
 from pytgi.backends.selector import select_platform
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig
 from pytgi.layers.quantization.activations import FP32_ONLY
@@ -28,7 +29,8 @@ PROMPTS = [prompt(n, seed=n) for n in (1, 7, 16, 33)]
 
 
 def quantized_runner(model_dir, method: str) -> ModelRunner:
-    config = EngineConfig(model=ModelConfig(model_id=str(model_dir), quantize=method),
+    model = ModelConfig(model_id=str(model_dir), quantize=method, **envs.model_fields())
+    config = EngineConfig(model=model,
                           cache=CacheConfig())  # fmt: skip
     runner = ModelRunner(config, select_platform())
     runner.load_model(model_dir)

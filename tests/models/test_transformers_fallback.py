@@ -20,7 +20,7 @@ from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ModelLoadError
 from pytgi.layers.attention import Attention
 from pytgi.layers.build_context import BuildContext, build_context
-from pytgi.models import transformers_fallback, weights
+from pytgi.models import weights
 from pytgi.models.causal_lm_table import causal_lm_table
 from pytgi.models.loader import build_model
 from pytgi.models.registry import NATIVE, TRANSFORMERS, resolve_architecture
@@ -143,10 +143,12 @@ def test_plain_causal_masks():
     assert not is_plain_causal(torch.ones(1, 1, 2, 2, dtype=torch.bool))  # not causal
 
 
-def test_refuses_tensor_parallelism(monkeypatch):
-    monkeypatch.setattr(transformers_fallback, "get_tp_info", lambda: TPInfo(0, 2))
-    with pytest.raises(ModelLoadError, match="does not shard"):
-        build_from_config(make_hf_config("olmo2"))
+def test_refuses_tensor_parallelism():
+    arch = make_hf_config("olmo2").architectures[0]
+    spec = TransformersCausalLM.spec_from_hf(make_hf_config("olmo2"), arch, {})
+    with build_context(BuildContext(tp=TPInfo(0, 2))):
+        with pytest.raises(ModelLoadError, match="does not shard"):
+            TransformersCausalLM(spec)
 
 
 def test_model_type_must_fit_the_architecture(tiny_model_factory, tmp_path):

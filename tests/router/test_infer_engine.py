@@ -26,7 +26,7 @@ class TextExecutor(FakeExecutor):
         super().__init__()
         self.vocab_size = vocab_size
 
-    def execute(self, out: SchedulerOutput) -> ModelOutput:
+    def execute(self, out: SchedulerOutput, grammar_masks=None) -> ModelOutput:
         time.sleep(0.002)  # a step takes time, so the router's abort lands mid-generation
         result = super().execute(out)
         span = self.vocab_size - FIRST_TEXT_ID

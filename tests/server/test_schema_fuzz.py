@@ -68,7 +68,8 @@ def fuzz_url(tokenizer, tmp_path_factory):
         yield url
 
 
-# where TGI's runtime (which pytgi follows, contract §2.9) answers otherwise than its document
+# where TGI's runtime (which pytgi follows, TGI_COMPATIBILITY.md §10) answers otherwise than its
+# document
 RUNTIME_SHAPES = {
     "/invocations": "`[GenerateResponse]` for a generate request, as `/` (document: an object)",
     "/v1/models": '`{"object": "list", "data": [ModelInfo]}` (document: a bare ModelInfo)',

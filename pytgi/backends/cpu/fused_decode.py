@@ -94,7 +94,9 @@ class FusedDecodeStack(DecodeAccelerator):
         self.layer_names = layer_names  # attention layer names, in layer order
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, kernels) -> FusedDecodeStack | None:
+    def for_model(
+        cls, model: torch.nn.Module, kernels, quant_isa: str = "auto"
+    ) -> FusedDecodeStack | None:
         layers = model.fused_decode_layers()
         if layers is None:
             logger.info(
@@ -116,7 +118,7 @@ class FusedDecodeStack(DecodeAccelerator):
             eps=spec.norm_eps,
             scale=spec.attention_scale,
             residual_multiplier=spec.residual_multiplier,
-            layer_norm=spec.norm == "layer",
+            layer_norm=spec.norm == "layer",  # the spec's str-valued Norm
             block=BLOCKS.index(spec.block),
             activation=ACTIVATIONS[spec.hidden_act],
             gated=spec.mlp_gated,
@@ -125,6 +127,7 @@ class FusedDecodeStack(DecodeAccelerator):
             layers=[tensors for _, tensors in layers],
             windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
             rope_tables=[spec.rope_table(i) for i in range(spec.num_layers)],
+            isa=quant_isa,
         )
         quantized = sum(key.endswith(".codes") for _, tensors in layers for key in tensors)
         logger.info(

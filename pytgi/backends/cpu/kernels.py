@@ -1,22 +1,26 @@
 """pytgi's compiled CPU kernels (csrc/), built on first use with torch's C++ extension loader.
 
-The build lives in `pytgi_cpu_ops-<key>` under TORCH_EXTENSIONS_DIR (default
-~/.cache/torch_extensions/pyXY_cpu), where the key hashes the sources, the header, the compiler
-flags, torch's version and Python's ABI: checkouts and venvs with the same sources share one
-build, and one with other sources never loads it. A file lock makes concurrent first starts
-build once (the others wait, then load).
+The build lives in `pytgi_cpu_ops-<key>` under `DeviceConfig.kernel_build_root`
+(TORCH_EXTENSIONS_DIR; default ~/.cache/torch_extensions/pyXY_cpu), where the key hashes the
+sources, the header, the compiler flags, torch's version and Python's ABI: checkouts and venvs
+with the same sources share one build, and one with other sources never loads it. A file lock
+makes concurrent first starts build once (the others wait, then load).
 
-`load_cpu_kernels()` is called once per process by `CpuPlatform` when the device config allows
-kernels; it compiles if needed (one to two minutes on two cores, announced in the log before it
-starts) and logs the outcome. The platform hands the module to the layers when they are built
-(`Platform.kernels_for`); a failed build (no compiler) leaves the pure-torch path in charge
-everywhere.
+`load_cpu_kernels()` builds and imports them once per process (later calls return the same
+module); `CpuPlatform` calls it when the device config allows kernels, and resolves the quantized
+kernel table it then names in every call (`resolve_quant_isa`). A build takes one to two minutes
+on two cores, announced in the log before it starts. The platform hands the module to the layers
+when they are built (`Platform.kernels_for`); a failed build (no compiler) leaves the pure-torch
+path in charge everywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,7 +29,7 @@ from types import ModuleType
 import torch
 from filelock import FileLock
 
-from pytgi import envs
+from pytgi.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,9 @@ HEADERS = [
     CSRC / "quant_i8_passes.h",
 ]
 MODULE_NAME = "pytgi_cpu_ops"
-_state: dict[str, ModuleType | None] = {}
+# how a build directory's sources are laid out (copied into it, `_staged_sources`): part of its
+# key, so that no build ever compiled from another layout's paths is reused, or rebuilt
+STAGING = b"staged-sources-1"
 
 
 def _cflags() -> list[str]:
@@ -58,27 +64,32 @@ def _cflags() -> list[str]:
     return flags
 
 
-def build_directory(cflags: list[str]) -> Path:
-    """Where this exact build lives: keyed by sources, header, flags, torch and Python ABI."""
+def default_build_root() -> Path:
+    """torch's default root for extension builds (~/.cache/torch_extensions/pyXY_cpu)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    return Path(get_default_build_root()) / f"{python}_cpu"
+
+
+def build_directory(cflags: list[str], root: str | None = None) -> Path:
+    """Where this exact build lives under `root` (`DeviceConfig.kernel_build_root`, default
+    torch's): keyed by sources, header, flags, torch and Python ABI."""
     digest = hashlib.sha256()
     for path in SOURCES + HEADERS:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     abi = f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}"
     digest.update("\0".join([*cflags, torch.__version__, abi]).encode())
-    root = envs.torch_extensions_dir()
-    if root is None:
-        from torch.utils.cpp_extension import get_default_build_root
-
-        python = f"py{sys.version_info.major}{sys.version_info.minor}"
-        root = str(Path(get_default_build_root()) / f"{python}_cpu")
-    return Path(root) / f"{MODULE_NAME}-{digest.hexdigest()[:16]}"
+    digest.update(STAGING)
+    base = Path(root) if root is not None else default_build_root()
+    return base / f"{MODULE_NAME}-{digest.hexdigest()[:16]}"
 
 
-def _build_and_import() -> ModuleType:
+def _build_and_import(root: str | None = None) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     cflags = _cflags()
-    directory = build_directory(cflags)
+    directory = build_directory(cflags, root)
     directory.mkdir(parents=True, exist_ok=True)
     with FileLock(str(directory / "build.lock")):  # one build at a time; the others then load it
         # torch's own lock file, left behind by a build that was killed, would make every later
@@ -93,7 +104,7 @@ def _build_and_import() -> ModuleType:
             )
         return load(
             name=MODULE_NAME,
-            sources=[str(s) for s in SOURCES],
+            sources=_staged_sources(directory),
             extra_cflags=cflags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
@@ -101,18 +112,47 @@ def _build_and_import() -> ModuleType:
         )
 
 
-def load_cpu_kernels() -> ModuleType | None:
+def _staged_sources(directory: Path) -> list[str]:
+    """The sources and headers, copied once into the build directory (its key already says their
+    content is these files'): torch's ninja file names the sources' paths, and another checkout's
+    paths would make it rebuild everything on each switch between checkouts."""
+    staged = directory / "src"
+    staged.mkdir(exist_ok=True)
+    for path in SOURCES + HEADERS:
+        target = staged / path.name
+        if not target.exists():
+            partial = target.with_suffix(target.suffix + ".part")
+            shutil.copy2(path, partial)
+            os.replace(partial, target)  # a killed copy never leaves a half file behind
+    return [str(staged / path.name) for path in SOURCES]
+
+
+def load_cpu_kernels(build_root: str | None = None) -> ModuleType | None:
     """Build (or reuse) and import the kernels, once per process; None when the build fails."""
-    if "module" in _state:
-        return _state["module"]
-    module = None
+    return _load_once(build_root)
+
+
+@functools.cache  # one import per process: a second would register the kernels' types again
+def _load_once(build_root: str | None) -> ModuleType | None:
     start = time.perf_counter()
     try:
-        module = _build_and_import()
-        logger.info("CPU kernels ready (%.1f s)", time.perf_counter() - start)
+        module = _build_and_import(build_root)
     except Exception as exc:  # no compiler or headers: the torch path still works
         logger.warning("CPU kernels unavailable, using the pure-torch path: %s", exc)
-    _state["module"] = module
-    if module is not None:  # outside the try: an unknown or unavailable table is an error
-        module.set_quant_isa(envs.quant_isa())
+        return None
+    logger.info("CPU kernels ready (%.1f s)", time.perf_counter() - start)
     return module
+
+
+def resolve_quant_isa(module: ModuleType, requested: str) -> str:
+    """The quantized-kernel table `requested` (DeviceConfig.quant_isa, PYTGI_QUANT_ISA) names:
+    "auto" is the best this build and CPU have; a table they lack is a start-up error."""
+    available = module.quant_isas()  # best first
+    if requested == "auto":
+        return available[0]
+    if requested not in available:
+        raise ConfigError(
+            f"PYTGI_QUANT_ISA={requested}: the {requested} quant kernels are not available on this "
+            f"build/CPU (available: auto, {', '.join(available)})"
+        )
+    return requested

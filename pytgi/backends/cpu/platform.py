@@ -1,5 +1,6 @@
 """The CPU platform: fp32 by default, RAM from /proc/meminfo, gloo collectives, and the compiled
-fp32 kernels (csrc/) when the device config allows them and they build."""
+kernels (csrc/) when the device config allows them and they build. What it chooses at start-up
+(the kernels, the quantized kernel table) does not change afterwards."""
 
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ class CpuPlatform(Platform):
     def __init__(self, config: DeviceConfig | None = None):
         self.config = config or DeviceConfig()
         self.kernels: ModuleType | None = None
+        self.quant_isa = "auto"  # the quantized kernel table every call names
         if self.config.kernels:
-            from pytgi.backends.cpu.kernels import load_cpu_kernels
+            from pytgi.backends.cpu.kernels import load_cpu_kernels, resolve_quant_isa
 
-            self.kernels = load_cpu_kernels()
+            self.kernels = load_cpu_kernels(self.config.kernel_build_root)
         else:
             logger.info("CPU kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch path")
+        if self.kernels is not None:
+            self.quant_isa = resolve_quant_isa(self.kernels, self.config.quant_isa)
 
     def device_for_rank(self, rank: int) -> torch.device:
         return torch.device("cpu")
@@ -56,6 +60,11 @@ class CpuPlatform(Platform):
 
         return CpuAttentionBackend(self.kernels_for(dtype))
 
+    def quant_ops(self, dtype: torch.dtype):
+        from pytgi.backends.cpu.quant_ops import CpuQuantOps
+
+        return CpuQuantOps(self.kernels_for(dtype), self.quant_isa)
+
     def decode_accelerator(
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype
     ) -> DecodeAccelerator | None:
@@ -64,7 +73,7 @@ class CpuPlatform(Platform):
             return None
         from pytgi.backends.cpu.fused_decode import FusedDecodeStack
 
-        return FusedDecodeStack.for_model(model, kernels)
+        return FusedDecodeStack.for_model(model, kernels, self.quant_isa)
 
     def available_memory_bytes(self) -> int:
         return read_mem_available_bytes()

@@ -52,6 +52,15 @@ class PackedQuantWeight:
     source: str = ""  # what it was converted from, for log lines
 
     @property
+    def format_name(self) -> str:
+        return FORMAT_NAMES[self.format]
+
+    @property
+    def takes_int8_activations(self) -> bool:
+        """Whether the kernels can multiply it with int8 activations (fp8 runs fp32 only)."""
+        return self.format != FP8
+
+    @property
     def nbytes(self) -> int:
         extra = 0 if self.mins is None else self.mins.nbytes
         return self.codes.nbytes + self.scales.nbytes + extra

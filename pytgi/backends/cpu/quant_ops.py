@@ -1,5 +1,6 @@
-"""Quantized linear products on CPU: the compiled kernels (csrc/quant_ops.cpp) when the caller
-holds them, else the pure-torch reference path, which always works.
+"""Quantized linear products on CPU (`CpuQuantOps`, the platform's `QuantOps`): the compiled
+kernels (csrc/quant_ops.cpp) on the kernel table chosen at start-up, else the pure-torch
+reference path, which always works.
 
 Two activation modes (the caller picks one per layer, see pytgi/layers/quantization/packed.py):
 - int8 activations: x quantised per row and 32-wide block to int8 (ties to even), integer dot
@@ -12,10 +13,13 @@ Two activation modes (the caller picks one per layer, see pytgi/layers/quantizat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
+from pytgi.backends.base import QuantOps
+from pytgi.backends.cpu import quant_packing
 from pytgi.backends.cpu.quant_layout import (
     GROUP,
     INT4,
@@ -28,17 +32,33 @@ from pytgi.utils.math import cdiv
 CHUNK_GROUPS = 256  # the torch path dequantises 2048 output features at a time
 
 
-def quant_linear(
-    x: torch.Tensor,
-    packed: PackedQuantWeight,
-    bias: torch.Tensor | None,
-    kernels: ModuleType | None,
-    int8_acts: bool,
-) -> torch.Tensor:
-    """x [M, K] float32 -> [M, N] = x @ W^T (+ bias)."""
-    if kernels is not None:
-        return kernels.quant_linear(x, *packed.kernel_args(), bias, int8_acts)
-    return torch_linear(x, packed, bias)
+@dataclass(frozen=True)
+class CpuQuantOps(QuantOps):
+    """`module`: the compiled kernels (None: the pure-torch reference); `isa`: the kernel table
+    every call names ("auto": the best this build and CPU have; the platform resolves
+    DeviceConfig.quant_isa to a table once, at start-up)."""
+
+    module: ModuleType | None
+    isa: str = "auto"
+
+    @property
+    def compiled(self) -> bool:
+        return self.module is not None
+
+    def pack(self, pieces: list, layout: str) -> PackedQuantWeight:
+        return quant_packing.pack(pieces, layout)
+
+    def linear(
+        self, x: torch.Tensor, packed: PackedQuantWeight, bias: torch.Tensor | None, int8_acts: bool
+    ) -> torch.Tensor:
+        if self.module is not None:
+            return self.module.quant_linear(x, *packed.kernel_args(), bias, int8_acts, self.isa)
+        return torch_linear(x, packed, bias)
+
+    def rows(self, ids: torch.Tensor, packed: PackedQuantWeight) -> torch.Tensor:
+        if self.module is not None:
+            return self.module.quant_rows(ids.contiguous(), *packed.kernel_args(), self.isa)
+        return packed.rows(ids)
 
 
 def torch_linear(

@@ -3,7 +3,8 @@ model's collectives (each step's metadata still travels on the gloo control grou
 `torch.cuda.mem_get_info` within `--cuda-memory-fraction`, the Triton kernels (ops.py and the
 attention backend) and CUDA-graph replay of decode steps.
 
-Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (contract §9).
+Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (TGI_COMPATIBILITY.md
+§15).
 """
 
 from __future__ import annotations

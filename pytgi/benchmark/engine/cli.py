@@ -133,19 +133,19 @@ def select_workloads(args: argparse.Namespace) -> list:
 
 
 def run_engine_bench(args: argparse.Namespace) -> int:
-    _default_threading_env()
     try:
         options = bench_options(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from pytgi import envs
     from pytgi.benchmark.engine.report import markdown_report, text_report
     from pytgi.benchmark.engine.results import write_json
     from pytgi.benchmark.engine.suite import run_suite
     from pytgi.errors import PytgiError
 
     try:
-        result = run_suite(options)
+        result = run_suite(options, omp_wait_policy=envs.get("OMP_WAIT_POLICY"))
     except (PytgiError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -159,17 +159,3 @@ def run_engine_bench(args: argparse.Namespace) -> int:
         Path(markdown).write_text(markdown_report(result))
         print(f"markdown: {markdown}", file=sys.stderr)
     return 0
-
-
-def _default_threading_env() -> None:
-    """OMP_WAIT_POLICY=PASSIVE unless set; libgomp reads it only when torch is first imported."""
-    from pytgi import envs
-
-    if "torch" not in sys.modules:
-        envs.set_default_threading_env()
-    elif envs.get("OMP_WAIT_POLICY") is None:
-        print(
-            "warning: torch was imported before OMP_WAIT_POLICY could default to PASSIVE; "
-            "export OMP_WAIT_POLICY=PASSIVE to run more than one thread on a shared machine",
-            file=sys.stderr,
-        )

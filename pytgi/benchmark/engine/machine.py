@@ -8,14 +8,13 @@ from pathlib import Path
 
 import torch
 
-from pytgi import envs
 from pytgi.version import __version__
 
 CPUINFO = Path("/proc/cpuinfo")
 LOADAVG = Path("/proc/loadavg")
 
 
-def machine_info(device: str = "cpu") -> dict:
+def machine_info(device: str = "cpu", omp_wait_policy: str | None = None) -> dict:
     import transformers
 
     gpu = torch.cuda.get_device_name() if device == "cuda" else None
@@ -26,7 +25,7 @@ def machine_info(device: str = "cpu") -> dict:
         "num_cores": os.cpu_count(),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_num_threads": torch.get_num_threads(),
-        "omp_wait_policy": envs.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": omp_wait_policy,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "pytgi_version": __version__,

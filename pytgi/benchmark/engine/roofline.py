@@ -1,11 +1,11 @@
 """The roofline the benchmark compares against, measured in the same run.
 
 Machine: read bandwidth from a sum over a tensor far larger than the L3 cache, fp32 GEMM throughput
-from a square `torch.mm` (cpu-kernels.md §1). On a GPU: device-to-device copy bandwidth (bytes
-read plus bytes written per second, what a decode step's weight streaming is held to) and the
-GEMM throughput of the benchmark's dtype, timed with CUDA events. Model: parameter counts from the
-checkpoint's safetensors headers, giving the weight bytes one decode step must read and the matmul
-FLOPs of one prompt token.
+from a square `torch.mm` (docs/PERFORMANCE.md, "Engine benchmark"). On a GPU: device-to-device
+copy bandwidth (bytes read plus bytes written per second, what a decode step's weight streaming is
+held to) and the GEMM throughput of the benchmark's dtype, timed with CUDA events. Model: parameter
+counts from the checkpoint's safetensors headers, giving the weight bytes one decode step must read
+and the matmul FLOPs of one prompt token.
 """
 
 from __future__ import annotations

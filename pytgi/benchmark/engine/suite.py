@@ -75,8 +75,14 @@ class BenchResult:
     wall_s: float = 0.0
 
 
-def run_suite(options: BenchOptions, log: Callable[[str], None] | None = None) -> BenchResult:
+def run_suite(
+    options: BenchOptions,
+    log: Callable[[str], None] | None = None,
+    *,
+    omp_wait_policy: str | None = None,
+) -> BenchResult:
     """Runs every workload of `options`; `log` gets one progress line per run (default: stderr).
+    `omp_wait_policy` (the environment's OMP_WAIT_POLICY) is recorded with the machine.
 
     Both engines run with `options.num_threads` torch threads; the caller's setting is restored.
     """
@@ -84,17 +90,19 @@ def run_suite(options: BenchOptions, log: Callable[[str], None] | None = None) -
     if options.num_threads is not None:
         torch.set_num_threads(options.num_threads)
     try:
-        return _run_suite(options, log or _log_stderr)
+        return _run_suite(options, log or _log_stderr, omp_wait_policy)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run_suite(options: BenchOptions, log: Callable[[str], None]) -> BenchResult:
+def _run_suite(
+    options: BenchOptions, log: Callable[[str], None], omp_wait_policy: str | None
+) -> BenchResult:
     start_s = time.perf_counter()
     model_dir = _model_dir(options.model_id)
     footprint = model_footprint(model_dir, options.dtype)
     runners, hf_attn, device, close = _load_runners(options, model_dir)
-    result = BenchResult(options, machine_info(device), footprint, hf_attn)
+    result = BenchResult(options, machine_info(device, omp_wait_policy), footprint, hf_attn)
     vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     try:
         for workload in options.workloads:
@@ -255,10 +263,10 @@ def _check_capacity(options: BenchOptions, max_total_tokens: int) -> None:
 
 def _model_dir(model_id: str) -> Path:
     """The checkpoint directory, or a GGUF file's prepared directory (models/gguf/prepared.py)."""
-    from pytgi.config import ModelConfig
     from pytgi.models.resolve import resolve_model
+    from pytgi.runtime.build import engine_config
 
-    return resolve_model(ModelConfig(model_id=model_id))
+    return resolve_model(engine_config(model_id).model)
 
 
 def _log_stderr(line: str) -> None:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from pytgi.distributed.comm import tp_all_reduce
-from pytgi.distributed.parallel_state import get_tp_info
 from pytgi.errors import ModelLoadError
 from pytgi.layers.activation import get_activation
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
@@ -52,7 +52,7 @@ def combine(x, out, weights, tokens, order) -> torch.Tensor:
 class FusedExperts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, act: str):
         super().__init__()
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.num_experts = num_experts
         self.intermediate = divide(
             intermediate_size, self.tp.world_size, "expert intermediate size"
@@ -143,7 +143,7 @@ class QuantizedExperts(nn.ModuleList):
             ExpertMLP(hidden_size, intermediate_size, quant_config, f"{prefix}.{e}")
             for e in range(num_experts)
         )
-        self.tp = get_tp_info()
+        self.tp = current_build_context().tp
         self.act_fn = get_activation(act, gated=True)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

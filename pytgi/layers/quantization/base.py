@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from pytgi.backends.base import QuantOps
+
 
 class LinearMethod(ABC):
     """How one linear layer stores and applies its weight."""
@@ -59,15 +61,15 @@ class QuantConfig(ABC):
     experts_in_full_precision: bool = False
 
     @abstractmethod
-    def get_linear_method(self, prefix: str, kernels) -> LinearMethod:
+    def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod:
         """The method for the linear layer at `prefix` (a format may leave some unquantized);
-        `kernels` are the platform's compiled kernels for the model (None: reference path)."""
+        `ops` are the platform's quantized products for the model (the build context's)."""
 
-    def get_lm_head_method(self, kernels) -> LinearMethod | None:
+    def get_lm_head_method(self, ops: QuantOps) -> LinearMethod | None:
         """The method of the LM head's vocabulary rows, or None to keep it in full precision."""
         return None
 
-    def get_embedding_method(self, kernels) -> LinearMethod | None:
+    def get_embedding_method(self, ops: QuantOps) -> LinearMethod | None:
         """The method holding an untied token embedding's rows (looked up dequantised), or None
         to keep it in full precision."""
         return None

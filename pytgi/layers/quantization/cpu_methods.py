@@ -12,18 +12,16 @@ quantisation each uses for full-precision checkpoints.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 
 import torch
 
-from pytgi.backends.cpu.quant_layout import PackedQuantWeight
+from pytgi.backends.base import QuantOps
 from pytgi.layers.quantization.packed import (
     FP32_ACTIVATIONS,
     ActivationPolicy,
     PackedLinearMethod,
     Piece,
 )
-from pytgi.layers.quantization.packing import pack_codebook, pack_int4, pack_int8
 from pytgi.layers.quantization.quantizers import quantize_codebook, quantize_fp8
 
 Quantizer = Callable[[torch.Tensor], Piece]
@@ -32,11 +30,11 @@ Quantizer = Callable[[torch.Tensor], Piece]
 class _OnTheFly(PackedLinearMethod):
     def __init__(
         self,
-        kernels: ModuleType | None,
+        ops: QuantOps,
         policy: ActivationPolicy = ActivationPolicy(),
         quantizer: Quantizer | None = None,
     ):
-        super().__init__(kernels, policy)
+        super().__init__(ops, policy)
         self.quantizer = quantizer
 
     def quantize(self, weight: torch.Tensor) -> Piece:
@@ -53,14 +51,11 @@ class Int8LinearMethod(_OnTheFly):
     each row picks its own, so a row's numbers never depend on its neighbours: equal to
     bitsandbytes for one row, and every outlier of every row still in full precision."""
 
-    family = "int8"
+    family = layout = "int8"
 
-    def __init__(self, kernels, policy=ActivationPolicy(), quantizer=None, outlier_threshold=0.0):
-        super().__init__(kernels, policy, quantizer)
+    def __init__(self, ops, policy=ActivationPolicy(), quantizer=None, outlier_threshold=0.0):
+        super().__init__(ops, policy, quantizer)
         self.outlier_threshold = outlier_threshold
-
-    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
-        return pack_int8(pieces)
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.outlier_threshold <= 0 or not self._int8(x):
@@ -78,7 +73,7 @@ class Int8LinearMethod(_OnTheFly):
         return super().fused_decode_tensors(layer, name)
 
     def _int8(self, x: torch.Tensor) -> bool:
-        return self.kernels is not None and self.policy.int8_acts(x.shape[0])
+        return self.ops.compiled and self.policy.int8_acts(x.shape[0])
 
 
 def outlier_product(
@@ -96,31 +91,23 @@ def outlier_product(
 
 
 class Int4LinearMethod(_OnTheFly):
-    family = "int4"
-
-    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
-        return pack_int4(pieces)
+    family = layout = "int4"
 
 
 class CodebookLinearMethod(_OnTheFly):
     """bitsandbytes NF4 / FP4: 64-wide blocks, absmax scales, the format's code table."""
 
-    family = "codebook"
+    family = layout = "codebook"
 
-    def __init__(self, kernels, policy=ActivationPolicy(), name: str = "nf4", block_size=64):
-        super().__init__(kernels, policy, lambda w: quantize_codebook(w, name, block_size))
-
-    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
-        return pack_codebook(pieces[0].cat_rows(pieces))
+    def __init__(self, ops, policy=ActivationPolicy(), name: str = "nf4", block_size=64):
+        super().__init__(ops, policy, lambda w: quantize_codebook(w, name, block_size))
 
 
 class Fp8LinearMethod(_OnTheFly):
     """e4m3 codes, one scale per output feature; the kernels dequantise to fp32 panels."""
 
     family = "fp8"
+    layout = "codebook"
 
-    def __init__(self, kernels, policy=FP32_ACTIVATIONS):
-        super().__init__(kernels, FP32_ACTIVATIONS, quantize_fp8)
-
-    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
-        return pack_codebook(pieces[0].cat_rows(pieces))
+    def __init__(self, ops, policy=FP32_ACTIVATIONS):
+        super().__init__(ops, FP32_ACTIVATIONS, quantize_fp8)

@@ -3,7 +3,7 @@ the types the file stores them in.
 
 - A layer whose tensors are all quantized gets `GGUFLinearMethod`: its `QuantizedWeight` shards
   (of one type or several, e.g. Q4_K and Q6_K in a Q4_K_M file) are packed into one kernel
-  layout as they load (`pack_quantized(..., "auto")`: the 4-bit kernel when every shard is 4-bit
+  layout as they load (layout "auto": the 4-bit kernel when every shard is 4-bit
   with 32-multiple blocks, else the int8 kernel, which holds every code up to 8 bits exactly).
   Types without a kernel of their own (Q5_0, Q5_1, Q5_K, Q6_K) are converted losslessly to the
   int8 kernel, with a log line per type at start-up.
@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from types import ModuleType
 
 import torch
 
-from pytgi.backends.cpu.quant_layout import PackedQuantWeight
+from pytgi.backends.base import QuantOps
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.packed import ActivationPolicy, PackedLinearMethod, Piece
-from pytgi.layers.quantization.packing import pack_quantized
 from pytgi.layers.quantization.quantizers import quantize_per_channel_int8, quantize_q8_0
 
 logger = logging.getLogger(__name__)
@@ -45,9 +43,6 @@ class GGUFLinearMethod(PackedLinearMethod):
         if weight.shape[1] % 32 == 0:
             return quantize_q8_0(weight)
         return quantize_per_channel_int8(weight, source="int8 per channel")
-
-    def pack(self, pieces: list[Piece]) -> PackedQuantWeight:
-        return pack_quantized(pieces, "auto")
 
 
 class GGUFQuantConfig(QuantConfig):
@@ -70,23 +65,23 @@ class GGUFQuantConfig(QuantConfig):
         self.tied = LM_HEAD not in tensor_types
         log_kernel_choices(tensor_types)
 
-    def get_linear_method(self, prefix: str, kernels: ModuleType | None) -> LinearMethod | None:
+    def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod | None:
         types = [self.tensor_types.get(name) for name in self._checkpoint_weights(prefix)]
         if all(t is None or t in FLOAT_TYPES for t in types):
             return None  # full precision (a missing tensor is reported by the loader)
-        return GGUFLinearMethod(kernels, self.policy)
+        return GGUFLinearMethod(ops, self.policy)
 
-    def get_lm_head_method(self, kernels: ModuleType | None) -> LinearMethod | None:
-        return self._for_tensor(EMBEDDING if self.tied else LM_HEAD, kernels)
+    def get_lm_head_method(self, ops: QuantOps) -> LinearMethod | None:
+        return self._for_tensor(EMBEDDING if self.tied else LM_HEAD, ops)
 
-    def get_embedding_method(self, kernels: ModuleType | None) -> LinearMethod | None:
+    def get_embedding_method(self, ops: QuantOps) -> LinearMethod | None:
         # a tied embedding is served from the head's packed weight (ParallelLMHead.tie)
-        return None if self.tied else self._for_tensor(EMBEDDING, kernels)
+        return None if self.tied else self._for_tensor(EMBEDDING, ops)
 
-    def _for_tensor(self, name: str, kernels: ModuleType | None) -> LinearMethod | None:
+    def _for_tensor(self, name: str, ops: QuantOps) -> LinearMethod | None:
         if self.tensor_types.get(name, "F32") in FLOAT_TYPES:
             return None
-        return GGUFLinearMethod(kernels, self.policy)
+        return GGUFLinearMethod(ops, self.policy)
 
     def _checkpoint_weights(self, prefix: str) -> list[str]:
         """The checkpoint weights linear `prefix` loads, e.g. q/k/v_proj for a qkv_proj."""

@@ -21,18 +21,17 @@ import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from pytgi.backends.cpu.quant_layout import PackedQuantWeight
+from pytgi.backends.base import QuantOps
 from pytgi.errors import ModelLoadError
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.detect import CheckpointQuant
 from pytgi.layers.quantization.int_packing import GroupIndexedWeight
 from pytgi.layers.quantization.packed import FP32_ACTIVATIONS, PackedLinearMethod, Piece
-from pytgi.layers.quantization.packing import pack_codebook, pack_quantized
 from pytgi.layers.quantization.prequantized_formats import PrequantizedFormat, format_for
 from pytgi.layers.quantization.quantized_weight import CodebookWeight
 
@@ -112,8 +111,8 @@ class PrequantizedLinearMethod(PackedLinearMethod):
 
     family = "prequantized"
 
-    def __init__(self, kernels: ModuleType | None, method: str, policy=FP32_ACTIVATIONS):
-        super().__init__(kernels, policy)
+    def __init__(self, ops: QuantOps, method: str, policy=FP32_ACTIVATIONS):
+        super().__init__(ops, policy)
         self.method = method
         self.input_perm: torch.Tensor | None = None  # [K'] act-order gather (K: a zero column)
 
@@ -123,15 +122,15 @@ class PrequantizedLinearMethod(PackedLinearMethod):
             "checkpoint stores quantized: mixed fused layers are not supported"
         )
 
-    def pack(self, pieces: list) -> PackedQuantWeight:
+    def pack(self, pieces: list) -> Any:
         if any(isinstance(p, GroupIndexedWeight) for p in pieces):
             pieces = self._sort_act_order(pieces)
         if all(isinstance(p, CodebookWeight) for p in pieces):
             self.policy = FP32_ACTIVATIONS  # e4m3 codes have no int8-activation kernel
-            return pack_codebook(pieces[0].cat_rows(pieces))
+            return self.ops.pack(pieces, "codebook")
         if any(isinstance(p, CodebookWeight) for p in pieces):
             raise ModelLoadError("fp8 and integer shards in one fused layer")
-        return pack_quantized(pieces, "auto")
+        return self.ops.pack(pieces, "auto")
 
     def _sort_act_order(self, pieces: list) -> list:
         """Every shard must share one column order (GPTQ gives fused q/k/v, gate/up the same
@@ -170,14 +169,14 @@ class PrequantizedQuantConfig(QuantConfig):
         self.quantized_params = quantized_params  # linear prefixes, e.g. ...self_attn.qkv_proj
         self.policy = policy
 
-    def get_linear_method(self, prefix: str, kernels) -> LinearMethod | None:
+    def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod | None:
         if prefix in self.quantized_params:
-            return PrequantizedLinearMethod(kernels, self.name, self.policy)
+            return PrequantizedLinearMethod(ops, self.name, self.policy)
         return None
 
-    def get_lm_head_method(self, kernels) -> LinearMethod | None:
+    def get_lm_head_method(self, ops: QuantOps) -> LinearMethod | None:
         if "lm_head" in self.quantized_params:
-            return PrequantizedLinearMethod(kernels, self.name, self.policy)
+            return PrequantizedLinearMethod(ops, self.name, self.policy)
         return None
 
 

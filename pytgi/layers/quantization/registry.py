@@ -6,8 +6,9 @@ quantizers.py): `eetq` (int8 per channel, weight-only), `bitsandbytes` (LLM.int8
 activation columns above 6.0 in fp32), `bitsandbytes-nf4` / `bitsandbytes-fp4` (64-wide blocks,
 absmax scales, the code tables), `fp8` (e4m3, per-channel scales). Every linear layer uses it;
 the LM head stays in full precision as in TGI (its on-the-fly methods load the head through a
-path that is not quantization-aware) unless PYTGI_QUANTIZE_LM_HEAD=1, which quantizes it too (a
-tied embedding then dequantises the rows it looks up): fewer bytes per decode step, at an
+path that is not quantization-aware) unless `ModelConfig.quantize_lm_head`
+(PYTGI_QUANTIZE_LM_HEAD=1), which quantizes it too (a tied embedding then dequantises the rows it
+looks up): fewer bytes per decode step, at an
 accuracy cost measured in docs/PERFORMANCE.md.
 """
 
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from types import ModuleType
 
 import torch
 
-from pytgi import envs
+from pytgi.backends.base import QuantOps
 from pytgi.errors import ConfigError
 from pytgi.layers.quantization.activations import activations_for
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
@@ -49,38 +49,38 @@ def activation_policy(method: str, requested: str | None = None) -> ActivationPo
 
 
 class OnTheFlyQuantConfig(QuantConfig):
-    """One `--quantize` method: a fresh LinearMethod per layer from `make_method(kernels)`, the
-    kernels being the platform's compiled module for the model (None: the torch path)."""
+    """One `--quantize` method: a fresh LinearMethod per layer from `make_method(ops)`, the ops
+    being the platform's quantized products for the model."""
 
     def __init__(
         self,
         name: str,
-        make_method: Callable[[ModuleType | None], LinearMethod],
+        make_method: Callable[[QuantOps], LinearMethod],
         quantize_lm_head: bool = False,
     ):
         self.name = name
         self._make_method = make_method
         self.quantize_lm_head = quantize_lm_head
 
-    def get_linear_method(self, prefix: str, kernels) -> LinearMethod:
-        return self._make_method(kernels)
+    def get_linear_method(self, prefix: str, ops: QuantOps) -> LinearMethod:
+        return self._make_method(ops)
 
-    def get_lm_head_method(self, kernels) -> LinearMethod | None:
-        return self._make_method(kernels) if self.quantize_lm_head else None
+    def get_lm_head_method(self, ops: QuantOps) -> LinearMethod | None:
+        return self._make_method(ops) if self.quantize_lm_head else None
 
 
 def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
-    """--quantize name -> (kernels -> LinearMethod)."""
+    """--quantize name -> (ops -> LinearMethod)."""
     eetq = partial(quantize_per_channel_int8, source="eetq")
     llm_int8 = partial(quantize_per_channel_int8, source="bitsandbytes")
     return {
-        "eetq": lambda kernels: Int8LinearMethod(kernels, policy, eetq),
-        "bitsandbytes": lambda kernels: Int8LinearMethod(
-            kernels, policy, llm_int8, outlier_threshold=LLM_INT8_THRESHOLD
+        "eetq": lambda ops: Int8LinearMethod(ops, policy, eetq),
+        "bitsandbytes": lambda ops: Int8LinearMethod(
+            ops, policy, llm_int8, outlier_threshold=LLM_INT8_THRESHOLD
         ),
-        "bitsandbytes-nf4": lambda kernels: CodebookLinearMethod(kernels, policy, "nf4"),
-        "bitsandbytes-fp4": lambda kernels: CodebookLinearMethod(kernels, policy, "fp4"),
-        "fp8": lambda kernels: Fp8LinearMethod(kernels),
+        "bitsandbytes-nf4": lambda ops: CodebookLinearMethod(ops, policy, "nf4"),
+        "bitsandbytes-fp4": lambda ops: CodebookLinearMethod(ops, policy, "fp4"),
+        "fp8": lambda ops: Fp8LinearMethod(ops),
     }
 
 
@@ -88,20 +88,16 @@ SUPPORTED_QUANTIZE = tuple(_factories(INT8_POLICY))
 
 
 def quant_config_for(
-    name: str,
-    policy: ActivationPolicy | None = None,
-    quantize_lm_head: bool | None = None,
+    name: str, policy: ActivationPolicy | None = None, quantize_lm_head: bool = False
 ) -> QuantConfig:
     """The QuantConfig of `--quantize name`, with the activation policy given (default: the
-    method's TGI numerics) and the LM head quantized or not (default: PYTGI_QUANTIZE_LM_HEAD,
-    off)."""
+    method's TGI numerics) and the LM head quantized or not (`ModelConfig.quantize_lm_head`;
+    TGI: not)."""
     if name not in SUPPORTED_QUANTIZE:
         raise ConfigError(
             f"--quantize {name} is not supported on CPU by pytgi "
             f"(supported: {', '.join(SUPPORTED_QUANTIZE)})"
         )
-    if quantize_lm_head is None:
-        quantize_lm_head = envs.quantize_lm_head()
     factories = _factories(policy or activation_policy(name))
     return OnTheFlyQuantConfig(name, factories[name], quantize_lm_head)
 
@@ -111,6 +107,7 @@ def resolve_quant_config(
     checkpoint_method: str | None,
     dtype: torch.dtype,
     activations: str | None = None,
+    quantize_lm_head: bool = False,
 ) -> QuantConfig | None:
     """`--quantize` (with `--quantize-activations`) on a full-precision checkpoint -> the
     on-the-fly config, or a ConfigError naming what cannot run together (a pre-quantized
@@ -125,7 +122,8 @@ def resolve_quant_config(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
             f"use --dtype float32 (got {str(dtype).removeprefix('torch.')})"
         )
-    return quant_config_for(quantize, activation_policy(quantize, activations))
+    policy = activation_policy(quantize, activations)
+    return quant_config_for(quantize, policy, quantize_lm_head)
 
 
 def check_prequantized_options(

@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytgi import envs
-from pytgi.errors import ModelLoadError
+from pytgi.errors import ConfigError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +116,16 @@ def _current(directory: Path, path: Path) -> bool:
     return False
 
 
-def prepared_dir(gguf_file: Path) -> Path:
-    """The model directory of `gguf_file` in pytgi's cache, written now if it is not there (or
-    no longer matches the file's content)."""
+def prepared_dir(gguf_file: Path, cache_dir: str | None) -> Path:
+    """The model directory of `gguf_file` under `cache_dir` (`ModelConfig.cache_dir`), written now
+    if it is not there (or no longer matches the file's content)."""
+    if cache_dir is None:
+        raise ConfigError(f"no cache directory to prepare {gguf_file.name} in (PYTGI_CACHE_DIR)")
     path = gguf_file.resolve()
     stat = path.stat()
     identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{LAYOUT_VERSION}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    directory = Path(envs.cache_dir()) / "gguf" / f"{path.stem}-{key}"
+    directory = Path(cache_dir) / "gguf" / f"{path.stem}-{key}"
     if (directory / MARKER).is_file():
         if _current(directory, path):
             return directory

@@ -11,6 +11,7 @@ import pytest
 import torch
 from models.runner_utils import load_runner, perplexity, teacher_forced_logits
 
+from pytgi import envs
 from pytgi.config import ModelConfig
 from pytgi.layers.quantization.quantized_weight import QuantizedWeight
 from pytgi.models.gguf.checkpoint import GGUFCheckpoint
@@ -111,7 +112,7 @@ def test_every_tensor_equals_transformers_dequantized_model(checkpoint, referenc
 @pytest.fixture(scope="module")
 def served_dir(smollm2_gguf) -> Path:
     """The model directory pytgi serves the file from (config and tokenizer written once)."""
-    return resolve_model(ModelConfig(model_id=str(smollm2_gguf)))
+    return resolve_model(ModelConfig(model_id=str(smollm2_gguf), cache_dir=envs.cache_dir()))
 
 
 @pytest.fixture(scope="module")

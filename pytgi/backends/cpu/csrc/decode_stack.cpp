@@ -150,12 +150,13 @@ class DecodeStack {
               int64_t intermediate, double eps, double scale, double residual_multiplier,
               bool layer_norm, int64_t block, int64_t activation, bool gated,
               bool rotary_interleaved, double softcap, const std::vector<TensorMap>& layers,
-              const std::vector<int64_t>& windows, const std::vector<int64_t>& rope_tables)
+              const std::vector<int64_t>& windows, const std::vector<int64_t>& rope_tables,
+              const std::string& isa)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         inter_(intermediate), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
         multiplier_(static_cast<float>(residual_multiplier)), layer_norm_(layer_norm),
         block_(block), act_(activation), gated_(gated), interleaved_(rotary_interleaved),
-        softcap_(static_cast<float>(softcap)), kern_(&quant::select("auto")) {
+        softcap_(static_cast<float>(softcap)), kern_(&quant::select(isa)) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
     TORCH_CHECK(layers.size() == windows.size() && layers.size() == rope_tables.size() &&
                     !layers.empty(),
@@ -181,7 +182,7 @@ class DecodeStack {
     attn_quant_in_task_ = heads / kv_heads * head_dim % quant::kKBlock == 0;
   }
 
-  // The kernel table the quantized layers run on (quant_ops.cpp's select("auto")).
+  // The kernel table the quantized layers run on (quant_ops.cpp's select(isa)).
   std::string isa() const { return kern_->name; }
 
   // hidden [B, hidden] (the embeddings), cos / sin [R, B, rd] (R rotary tables, rd may be 0),
@@ -589,12 +590,14 @@ void register_decode_stack(pybind11::module& m) {
   py::class_<DecodeStack>(m, "DecodeStack")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, bool,
                     int64_t, int64_t, bool, bool, double, const std::vector<TensorMap>&,
-                    const std::vector<int64_t>&, const std::vector<int64_t>&>(),
+                    const std::vector<int64_t>&, const std::vector<int64_t>&,
+                    const std::string&>(),
            py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("eps"), py::arg("scale"),
            py::arg("residual_multiplier"), py::arg("layer_norm"), py::arg("block"),
            py::arg("activation"), py::arg("gated"), py::arg("rotary_interleaved"),
-           py::arg("softcap"), py::arg("layers"), py::arg("windows"), py::arg("rope_tables"))
+           py::arg("softcap"), py::arg("layers"), py::arg("windows"), py::arg("rope_tables"),
+           py::arg("isa") = "auto")
       .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
            py::arg("k_caches"), py::arg("v_caches"), py::call_guard<py::gil_scoped_release>())

@@ -130,12 +130,6 @@ const Kernels* available(const std::string& isa) {
   return nullptr;
 }
 
-// What "auto" means: the best table (empty), or one that set_quant_isa forced.
-std::string& auto_isa() {
-  static std::string isa;
-  return isa;
-}
-
 }  // namespace
 
 // Every table this build and CPU can run, best first.
@@ -147,23 +141,14 @@ std::vector<std::string> available_isas() {
   return out;
 }
 
-// The dispatch point: "auto" takes the best table this build and CPU have (or the one
-// set_quant_isa forced); a named one must be available. Arm tables go here once they exist.
+// The dispatch point: "auto" takes the best table this build and CPU have; a named one must be
+// available. The platform names its table once at start-up (DeviceConfig.quant_isa) and passes
+// it to every call. Arm tables go here once they exist.
 const Kernels& select(const std::string& isa) {
-  if (isa == "auto") {
-    const std::string& forced = auto_isa();
-    return select(forced.empty() ? available_isas().front() : forced);
-  }
+  if (isa == "auto") return select(available_isas().front());
   const Kernels* kern = available(isa);
   TORCH_CHECK(kern != nullptr, "the ", isa, " quant kernels are not available on this build/CPU");
   return *kern;
-}
-
-// Makes "auto" mean `isa` from now on ("auto" again: the best); checked like select(). For
-// benchmarks and tests that compare tables through the layers (PYTGI_QUANT_ISA, pytgi/envs.py).
-void set_quant_isa(const std::string& isa) {
-  if (isa != "auto") select(isa);
-  auto_isa() = isa == "auto" ? "" : isa;
 }
 
 static int64_t expected_scale_rows(int64_t scale_block, int64_t kblocks) {
@@ -304,8 +289,6 @@ void register_quant(pybind11::module& m) {
   namespace py = pybind11;
   m.def("quant_isa", &quant::quant_isa, "the quant kernel table 'auto' picks on this CPU");
   m.def("quant_isas", &quant::available_isas, "the quant kernel tables this build/CPU has");
-  m.def("set_quant_isa", &quant::set_quant_isa, "make 'auto' pick this table ('auto': the best)",
-        py::arg("isa"));
   m.def("quantize_activations", &quant::quantize_activations,
         "x [M, K] -> int8 per 32-wide block (q, scale, sum, scaled_sum)", py::arg("x"),
         py::arg("isa") = "auto");

@@ -14,11 +14,9 @@
 namespace pytgi {
 namespace quant {
 
-// "auto": the best table this build and CPU have (AVX-512 VNNI, else AVX2, else scalar) unless
-// set_quant_isa forced one; "avx512_vnni", "avx2" or "scalar" pick one (an unavailable one is an
-// error).
+// "auto": the best table this build and CPU have (AVX-512 VNNI, else AVX2, else scalar);
+// "avx512_vnni", "avx2" or "scalar" pick one (an unavailable one is an error).
 const Kernels& select(const std::string& isa);
-void set_quant_isa(const std::string& isa);
 
 // The packed weight tensors (quant_layout.py's PackedQuantWeight.kernel_args()) as a Matrix,
 // every shape and dtype checked. The Matrix points into the tensors: keep them alive.

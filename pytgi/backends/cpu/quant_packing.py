@@ -1,4 +1,8 @@
-"""Loaded quantized weights -> the CPU kernels' packed layouts (backends/cpu/quant_layout.py).
+"""Loaded quantized weights -> the CPU kernels' packed layouts (quant_layout.py): what
+`CpuQuantOps.pack` does for the quantized linear methods, which name the layout they want.
+
+The pieces are `QuantizedWeight` / `CodebookWeight` objects (layers/quantization/
+quantized_weight.py), read by their fields only: codes, scales, mins, bits, block_size, ...
 
 A layer runs one kernel type. The shards of a fused layer (q/k/v, gate/up) may come in different
 types (GGUF Q4_K_M holds Q4_K and Q6_K shards); they are converted to one, losslessly: scale blocks
@@ -9,6 +13,8 @@ fma(scale, code + 8, -8 * scale) rounds the same exact value as scale * code.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -23,8 +29,9 @@ from pytgi.backends.cpu.quant_layout import (
     pack_scales,
 )
 from pytgi.errors import ModelLoadError
-from pytgi.layers.quantization.quantized_weight import CodebookWeight, QuantizedWeight
 from pytgi.utils.math import cdiv
+
+QuantizedWeight = CodebookWeight = Any  # the layers' piece types (duck-typed here)
 
 KERNEL_BLOCKS = (64, 32, 16)  # scale blocks the kernels read (besides one per column)
 
@@ -140,6 +147,18 @@ def pack_quantized(pieces: list[QuantizedWeight], family: str = "auto") -> Packe
     if family == "auto":
         family = "int4" if all(is_int4_compatible(p) for p in pieces) else "int8"
     return pack_int4(pieces) if family == "int4" else pack_int8(pieces)
+
+
+def pack(pieces: list, layout: str) -> PackedQuantWeight:
+    """Row pieces -> one packed weight in `layout`: "int8", "int4", "auto" (int4 when every piece
+    fits it, else int8) or "codebook" (NF4 / FP4 / fp8 codes, one table for the whole layer)."""
+    if layout == "codebook":
+        return pack_codebook(pieces[0].cat_rows(pieces))
+    if layout == "int8":
+        return pack_int8(pieces)
+    if layout == "int4":
+        return pack_int4(pieces)
+    return pack_quantized(pieces, layout)
 
 
 def pack_codebook(weight: CodebookWeight) -> PackedQuantWeight:
