@@ -27,7 +27,7 @@ def copied_sources(tmp_path, monkeypatch):
     headers = [Path(shutil.copy(h, csrc)) for h in kernels.HEADERS]
     monkeypatch.setattr(kernels, "SOURCES", sources)
     monkeypatch.setattr(kernels, "HEADERS", headers)
-    monkeypatch.setattr(kernels, "default_build_root", lambda: tmp_path / "ext")
+    monkeypatch.setattr(kernels, "default_build_root", lambda root=None: tmp_path / "ext")
     return headers[0]
 
 
@@ -101,3 +101,11 @@ def test_every_checkout_compiles_the_same_staged_paths(copied_sources, tmp_path,
     staged = kernels.build_directory(kernels._cflags()) / "src"
     assert all(Path(path).parent == staged for path in first)
     assert {p.name for p in staged.iterdir()} == {p.name for p in moved}
+
+
+def test_the_default_root_named_explicitly_reuses_the_loaded_module():
+    """The engine passes DeviceConfig.kernel_build_root (TORCH_EXTENSIONS_DIR's value), a test
+    often passes nothing: both must reach one import (a second registers the types again)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    assert kernels.load_cpu_kernels(get_default_build_root()) is kernels.load_cpu_kernels()

@@ -64,12 +64,14 @@ def _cflags() -> list[str]:
     return flags
 
 
-def default_build_root() -> Path:
-    """torch's default root for extension builds (~/.cache/torch_extensions/pyXY_cpu)."""
+def default_build_root(root: str | None = None) -> Path:
+    """Where builds live: `root` (TORCH_EXTENSIONS_DIR's value), else torch's default root (which
+    reads the same variable, else ~/.cache/torch_extensions), then `pyXY_cpu`: one place for a
+    given root whichever way it arrives."""
     from torch.utils.cpp_extension import get_default_build_root
 
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return Path(get_default_build_root()) / f"{python}_cpu"
+    return Path(root or get_default_build_root()) / f"{python}_cpu"
 
 
 def build_directory(cflags: list[str], root: str | None = None) -> Path:
@@ -81,7 +83,7 @@ def build_directory(cflags: list[str], root: str | None = None) -> Path:
     abi = f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}"
     digest.update("\0".join([*cflags, torch.__version__, abi]).encode())
     digest.update(STAGING)
-    base = Path(root) if root is not None else default_build_root()
+    base = default_build_root(root)
     return base / f"{MODULE_NAME}-{digest.hexdigest()[:16]}"
 
 
@@ -128,8 +130,12 @@ def _staged_sources(directory: Path) -> list[str]:
 
 
 def load_cpu_kernels(build_root: str | None = None) -> ModuleType | None:
-    """Build (or reuse) and import the kernels, once per process; None when the build fails."""
-    return _load_once(build_root)
+    """Build (or reuse) and import the kernels, once per process; None when the build fails.
+    The cache key is the resolved root, so that `None` and the same root named explicitly never
+    import the module twice (a second import would register its types again)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return _load_once(build_root or get_default_build_root())
 
 
 @functools.cache  # one import per process: a second would register the kernels' types again
