@@ -130,6 +130,7 @@ CONFIG_EFFECTS = {
     "--max-connections": (["12"], lambda c: c.server.max_connections, 12),
     "--enable-prefill-logprobs": ([], lambda c: c.server.enable_prefill_logprobs, True),
     "--disable-grammar-support": ([], lambda c: c.engine.grammar, None),
+    "--disable-playground": ([], lambda c: c.server.playground, False),
     "--watermark-gamma": (["0.25"], lambda c: c.engine.watermark.gamma, 0.25),
     "--watermark-delta": (["3"], lambda c: c.engine.watermark.delta, 3.0),
     "--grammar-compile-timeout": (["3"], lambda c: c.engine.grammar.compile_timeout_s, 3.0),
@@ -157,11 +158,11 @@ BEHAVIOUR_TESTS = {
     "--otlp-service-name": "tests/e2e/test_launcher_flags.py::test_otlp_spans_reach_the_collector",
     "--max-waiting-tokens": "tests/e2e/test_launcher_flags.py::test_waiting_flags_get_tgi_warning",
     "--waiting-served-ratio": "tests/cli/test_flag_walk.py::test_waiting_flags_warn_as_tgi_3",
+    "--kv-cache-dtype": (
+        "tests/e2e/test_kv_cache_dtype.py::test_an_fp8_cache_is_served_and_reported"
+    ),
+    "--lora-adapters": "tests/e2e/test_lora_serving.py::test_adapters_in_one_batch_match_peft",
 }
-
-# flags owned by other issues while their work lands; each is walked normally once a test under
-# tests/ passes it
-PENDING = {"--kv-cache-dtype": "issue 28", "--lora-adapters": "issue 27"}
 
 
 class Built:
@@ -220,7 +221,7 @@ def _restore_logging():
 
 
 def test_every_accepted_flag_is_wired_refused_or_a_documented_noop():
-    placed = set(CONFIG_EFFECTS) | set(BEHAVIOUR_TESTS) | set(REFUSED) | set(PENDING)
+    placed = set(CONFIG_EFFECTS) | set(BEHAVIOUR_TESTS) | set(REFUSED)
     unplaced = [f for f in accepted_flags() if f not in placed | documented_noops()]
     assert not unplaced, f"accepted but neither wired, refused nor a documented no-op: {unplaced}"
 
@@ -261,14 +262,6 @@ def test_refused_flag_ends_start_up_naming_it(flag):
     argv = [flag] if REFUSED[flag].switch else [flag, "1"]
     with pytest.raises(ConfigError, match=f"^{flag} is not supported by pytgi: "):
         Built(argv)
-
-
-@pytest.mark.parametrize("flag", sorted(PENDING))
-def test_pending_flag(flag):
-    users = [p for p in (ROOT / "tests").rglob("*.py") if f'"{flag}"' in p.read_text()]
-    if not users:
-        pytest.skip(f"{flag}: wired or refused by {PENDING[flag]}")
-    assert flag not in documented_noops()
 
 
 def test_refusal_is_one_line_through_the_launcher(capsys):
