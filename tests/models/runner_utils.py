@@ -19,13 +19,17 @@ BLOCK_SIZE = 16
 
 
 def engine_config(
-    model_dir: Path, implementation: str = "auto", quantize: str | None = None, **cache
+    model_dir: Path,
+    implementation: str = "auto",
+    quantize: str | None = None,
+    quantize_activations: str | None = None,
+    **cache,
 ) -> EngineConfig:
+    fields = envs.model_fields()
+    if quantize_activations is not None:
+        fields["quantize_activations"] = quantize_activations
     model = ModelConfig(
-        model_id=str(model_dir),
-        implementation=implementation,
-        quantize=quantize,
-        **envs.model_fields(),
+        model_id=str(model_dir), implementation=implementation, quantize=quantize, **fields
     )
     return EngineConfig(model=model, cache=CacheConfig(**cache))
 
@@ -35,9 +39,10 @@ def make_runner(
     num_blocks: int = 128,
     implementation: str = "auto",
     quantize: str | None = None,
+    quantize_activations: str | None = None,
 ) -> ModelRunner:
     """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
-    config = engine_config(model_dir, implementation, quantize)
+    config = engine_config(model_dir, implementation, quantize, quantize_activations)
     runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
