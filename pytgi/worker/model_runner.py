@@ -380,6 +380,8 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
         with forward_context(metadata, self.kv_caches, fused, lora):
+            if inputs_embeds is not None:  # a multimodal step: image embeddings merged in
+                return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
             return self.model(input_ids, positions)
 
     def _prompt_logprobs(self, plan: StepPlan, prompt_logits) -> dict[str, list[float]]:
