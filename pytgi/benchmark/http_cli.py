@@ -161,7 +161,9 @@ def run_load_bench(
         args.output_dir = str(Path("bench-results") / time.strftime("%Y%m%d-%H%M%S"))
     try:
         options = BenchOptions.from_args(args)
-        tokenizer = load_tokenizer(options.tokenizer_name, options.tokenizer_revision)
+        tokenizer = load_tokenizer(
+            options.tokenizer_name, options.tokenizer_revision, getattr(args, "cache_dir", None)
+        )
         workload = Workload(options.workload, tokenizer, limits)
     except BenchConfigError as exc:
         return _fail(str(exc))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pytgi import envs
 from pytgi.benchmark import http_cli
 
 
@@ -26,6 +27,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from pytgi.benchmark.engine.cli import engine_value, run_engine_bench
 
     if getattr(args, "url", None):
+        args.cache_dir = envs.cache_dir()  # where a GGUF --tokenizer-name's tokenizer is prepared
         return http_cli.run_http_bench(args)
     if engine_value(args, "model_id"):
         return run_engine_bench(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -239,4 +240,5 @@ def test_tokenizer_name_takes_a_gguf_file(tiny_gguf):
     path, model_dir = tiny_gguf
     text = "And God said, Let there be light"
     reference = load_tokenizer(str(model_dir / "tokenizer.json"))
-    assert load_tokenizer(str(path)).encode(text) == reference.encode(text)
+    cache_dir = os.environ["PYTGI_CACHE_DIR"]  # set by tests/conftest.py
+    assert load_tokenizer(str(path), cache_dir=cache_dir).encode(text) == reference.encode(text)

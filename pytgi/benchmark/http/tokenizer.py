@@ -33,14 +33,16 @@ class TextTokenizer:
         return len(self.encode(text))
 
 
-def load_tokenizer(name: str, revision: str | None = None) -> TextTokenizer:
-    """`name` is a tokenizer.json file, a GGUF model file (its tokenizer, as the server reads it),
-    a directory holding a tokenizer.json, or a hub repository id."""
+def load_tokenizer(
+    name: str, revision: str | None = None, cache_dir: str | None = None
+) -> TextTokenizer:
+    """`name` is a tokenizer.json file, a GGUF model file (its tokenizer, as the server reads it,
+    prepared under `cache_dir`), a directory holding a tokenizer.json, or a hub repository id."""
     path = Path(name).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         from pytgi.models.gguf.prepared import prepared_dir
 
-        return TextTokenizer(_from_file(prepared_dir(path) / TOKENIZER_FILE), name)
+        return TextTokenizer(_from_file(prepared_dir(path, cache_dir) / TOKENIZER_FILE), name)
     if path.is_file():
         return TextTokenizer(_from_file(path), name)
     if path.is_dir():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -195,10 +196,18 @@ def test_tgi_form_takes_the_tokenizer_of_the_model_id(tiny_gguf, tiny_llama_dir,
     config["chat_template"] = "CUSTOM {{ messages[0]['content'] }}"
     (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config))
 
-    served = resolve_model(ModelConfig(model_id=str(tokenizer_dir), gguf_file=str(tiny_gguf[0])))
+    served = resolve_model(
+        ModelConfig(
+            model_id=str(tokenizer_dir),
+            gguf_file=str(tiny_gguf[0]),
+            cache_dir=os.environ["PYTGI_CACHE_DIR"],
+        )
+    )
     served_config = json.loads((served / "tokenizer_config.json").read_text())
     assert served_config["chat_template"] == "CUSTOM {{ messages[0]['content'] }}"
     assert (served / "pytgi_gguf.json").is_file()  # still the GGUF's weights
     # today's form, --model-id the file: the tokenizer read from the file
-    own = resolve_model(ModelConfig(model_id=str(tiny_gguf[0])))
+    own = resolve_model(
+        ModelConfig(model_id=str(tiny_gguf[0]), cache_dir=os.environ["PYTGI_CACHE_DIR"])
+    )
     assert "CUSTOM" not in (own / "tokenizer_config.json").read_text()

@@ -5,6 +5,8 @@ Mixtral, with the same greedy tokens and close logits as transformers' Mixtral h
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import pytest
 import torch
@@ -43,7 +45,7 @@ def mixtral_gguf(tiny_model_factory, tmp_path_factory):
 def test_mixtral_gguf_matches_transformers_on_its_weights(mixtral_gguf):
     torch.set_num_threads(1)
     path, hf = mixtral_gguf
-    runner = make_runner(prepared_dir(path))
+    runner = make_runner(prepared_dir(path, os.environ["PYTGI_CACHE_DIR"]))
     assert runner.spec.architecture == "MixtralForCausalLM"
     assert runner.spec.moe.num_experts == 4 and runner.spec.moe.top_k == 2
     ids = prompt(14, seed=3)

@@ -45,11 +45,11 @@ def _eos_ids(directory: Path) -> object:
 
 def test_changed_content_with_the_same_size_and_time_is_written_again(tiny_gguf, tmp_path):
     path = _copy(tiny_gguf, tmp_path)
-    first = prepared_dir(path)
+    first = prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
     offset, eos = _eos_offset(path)
     assert eos != 5 and _eos_ids(first) in (eos, [eos])
     _overwrite_in_place(path, offset, (5).to_bytes(4, "little"))
-    second = prepared_dir(path)
+    second = prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
     assert second == first  # the same key (path, size, time) ...
     assert _eos_ids(second) in (5, [5])  # ... but written from the new content
     assert json.loads((second / MARKER).read_text())["fingerprint"] == prepared.fingerprint(path)
@@ -57,10 +57,10 @@ def test_changed_content_with_the_same_size_and_time_is_written_again(tiny_gguf,
 
 def test_changed_tensor_data_is_noticed(tiny_gguf, tmp_path, monkeypatch):
     path = _copy(tiny_gguf, tmp_path)
-    first = prepared_dir(path)
+    first = prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
     (first / "sentinel").write_text("written from the old content")
     _overwrite_in_place(path, path.stat().st_size - 8, b"\x7f" * 8)  # the last tensor's bytes
-    assert not (prepared_dir(path) / "sentinel").exists()
+    assert not (prepared_dir(path, os.environ["PYTGI_CACHE_DIR"]) / "sentinel").exists()
     # a large file is sampled, not read whole: a change inside a sampled window is seen
     monkeypatch.setattr(prepared, "HEAD_BYTES", 1024)
     monkeypatch.setattr(prepared, "SAMPLES", 4)
@@ -72,8 +72,8 @@ def test_changed_tensor_data_is_noticed(tiny_gguf, tmp_path, monkeypatch):
 
 def test_a_file_damaged_beyond_reading_fails_in_one_line(tiny_gguf, tmp_path):
     path = _copy(tiny_gguf, tmp_path)
-    prepared_dir(path)
+    prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
     _overwrite_in_place(path, 8, (2**40).to_bytes(8, "little"))  # the tensor count
     with pytest.raises(ModelLoadError) as err:
-        prepared_dir(path)
+        prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
     assert "\n" not in err.value.message
