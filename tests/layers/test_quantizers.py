@@ -159,6 +159,9 @@ def test_mixed_fused_shards_convert_losslessly():
     assert sym_and_affine.format == INT4 and sym_and_affine.mins is not None
     expected = torch.cat([quantize_q4_0(w[:16]).dequantize(), quantize_q4_1(w[16:32]).dequantize()])
     assert torch.equal(sym_and_affine.dequantize()[:32], expected)
+    # affine 8-bit codes fit the signed int8 kernel only when min + 128 * scale is exact in fp32
+    pack_int8([QuantizedWeight(torch.zeros(8, 32, dtype=torch.uint8), 8, 32,
+                               torch.ones(8, 1), torch.zeros(8, 1))])  # fmt: skip
     with pytest.raises(ModelLoadError, match="affine 8-bit"):
         pack_int8([QuantizedWeight(torch.zeros(8, 32, dtype=torch.uint8), 8, 32,
-                                   torch.ones(8, 1), torch.zeros(8, 1))])  # fmt: skip
+                                   torch.ones(8, 1), torch.full((8, 1), 1e-3))])  # fmt: skip
