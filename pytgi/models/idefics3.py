@@ -175,9 +175,6 @@ class Idefics3ForConditionalGeneration(MultimodalLM):
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
     def encode_images(self, images: Sequence[MultimodalInput]) -> list[torch.Tensor]:
         """Each run is one tile [1, C, S, S]: all of the step's tiles in one tower call."""
         device = self.lm_head.weight.device

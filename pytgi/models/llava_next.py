@@ -134,9 +134,6 @@ class LlavaNextForConditionalGeneration(MultimodalLM):
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
     def encode_images(self, images: Sequence[MultimodalInput]) -> list[torch.Tensor]:
         """Every tile of every image through the tower in one call, then each image packed."""
         device = self.lm_head.weight.device

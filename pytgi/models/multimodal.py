@@ -24,8 +24,9 @@ class MultimodalLM(CausalLM):
     uses_mrope: bool = False
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [T] -> token embeddings [T, hidden], as the language model scales them."""
-        raise NotImplementedError
+        """input_ids [T] -> token embeddings [T, hidden], as the language model scales them (the
+        composed `DecoderModel`'s table unless a family scales them otherwise)."""
+        return self.model.embed_tokens(input_ids)
 
     def encode_images(self, images: Sequence[MultimodalInput]) -> list[torch.Tensor]:
         """Each image's embeddings [image.length, hidden], one per placeholder token."""

@@ -222,9 +222,6 @@ class Qwen2VLForConditionalGeneration(MultimodalLM):
         if spec.tie_word_embeddings:
             self.lm_head.tie(self.model.embed_tokens)
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
     def encode_images(self, images: Sequence[MultimodalInput]) -> list[torch.Tensor]:
         device = self.lm_head.weight.device
         pixels = torch.cat([torch.from_numpy(i.features["pixel_values"]) for i in images]).to(
