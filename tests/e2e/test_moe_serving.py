@@ -10,8 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import torch
-from models.runner_utils import load_hf
+from models.runner_utils import hf_greedy_texts
 from text_generation import Client
 
 from e2e.server import ServerProcess
@@ -45,16 +44,7 @@ def served(request, tiny_model_factory, tmp_path_factory):
 
 
 def _reference(model_dir) -> dict[str, list[int]]:
-    from transformers import AutoTokenizer
-
-    tok, hf = AutoTokenizer.from_pretrained(model_dir), load_hf(model_dir)
-    out = {}
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            seq = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=3)
-        out[prompt] = seq[0, ids.shape[1] :].tolist()
-    return out
+    return hf_greedy_texts(model_dir, PROMPTS, NEW_TOKENS)
 
 
 def test_served_natively_with_transformers_greedy_tokens(served):

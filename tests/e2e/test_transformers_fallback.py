@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import torch
-from models.runner_utils import load_hf
+from models.runner_utils import hf_greedy_texts
 from openai import OpenAI
 from text_generation import Client
 
@@ -39,16 +38,7 @@ def server(olmo2_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(olmo2_dir):
     """prompt -> transformers' greedy token ids (fp32, eager, EOS ignored)."""
-    from transformers import AutoTokenizer
-
-    tok, hf = AutoTokenizer.from_pretrained(olmo2_dir), load_hf(olmo2_dir)
-    out = {}
-    for prompt in PROMPTS:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            seq = hf.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=3)
-        out[prompt] = seq[0, ids.shape[1] :].tolist()
-    return out
+    return hf_greedy_texts(olmo2_dir, PROMPTS, NEW_TOKENS)
 
 
 def test_info_and_logs_name_the_fallback(server):

@@ -153,3 +153,17 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     """exp of the mean next-token cross entropy of `ids` under `logits` [T, V]."""
     nll = torch.nn.functional.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:]))
     return math.exp(nll.item())
+
+
+def hf_greedy_texts(model_dir: Path, prompts, new_tokens: int) -> dict[str, list[int]]:
+    """prompt -> transformers' greedy new token ids (fp32, eager, EOS ignored)."""
+    from transformers import AutoTokenizer
+
+    tok, hf = AutoTokenizer.from_pretrained(model_dir), load_hf(model_dir)
+    out = {}
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            seq = hf.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=3)
+        out[prompt] = seq[0, ids.shape[1] :].tolist()
+    return out
