@@ -69,6 +69,7 @@ _MODELS: dict[str, ModelEntry] = {
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"
     ),
+    "MllamaForConditionalGeneration": ModelEntry("mllama", "MllamaForConditionalGeneration"),
 }
 
 

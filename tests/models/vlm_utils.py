@@ -40,10 +40,13 @@ def engine_request(ids, images, max_new_tokens: int) -> EngineRequest:
 
 
 @torch.no_grad()
-def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy tokens and each chosen token's logprob, on the same pixel values."""
-    kwargs = {}
-    if images:
+def hf_greedy(
+    hf, ids, images, max_new_tokens: int, inputs: dict | None = None
+) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens and each chosen token's logprob, on the same pixel values
+    (or on `inputs`, the model's own processor's tensors besides the ids, when given)."""
+    kwargs = dict(inputs or {})
+    if images and inputs is None:
         for name in images[0].features:
             arrays = [i.features[name] for i in images]
             if arrays[0].ndim == 5:  # Llava-Next tiles [1, P, C, S, S]: padded to the most P
