@@ -6,7 +6,8 @@ tiles). The tower runs a local transformer (gated positional and tile-position e
 tile's patches padded to a multiple of 8) and a gated global transformer over all the image's
 tiles, padding tiles included (transformers masks only pairs of two padding positions); its
 output concatenates the last layer with `intermediate_layers_indices`' layers (those
-interleaved channel by channel), projected to the language model's width: [tiles x (patches + 1), hidden] per image.
+interleaved channel by channel), projected to the language model's width:
+[tiles x (patches + 1), hidden] per image.
 
 Cross-attention, as transformers computes it (`cross_attention_mask`): a text token sees the
 image whose <|image|> token starts its span (a span runs to the next <|image|>, consecutive
