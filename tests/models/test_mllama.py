@@ -7,14 +7,10 @@ request."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
-from fixtures.images import png_bytes
-from models.vlm_utils import VlmPrompts, engine_request, hf_greedy
-from PIL import Image
+from models.vlm_utils import VlmPrompts, engine_request, hf_greedy, processor_inputs
 
 from pytgi.runtime.llm import LLM
 
@@ -40,16 +36,16 @@ def setup(tiny_vlm_factory):
     return model_dir, hf.eval(), processor, VlmPrompts(model_dir)
 
 
+MLLAMA_INPUTS = ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
+
+
 def build(setup, text: str, images: list[tuple[int, int, int]]):
     """(ids, inputs, the processor's tensors) for `text` with `{0}`... where images go."""
     _, _, processor, prompts = setup
     ids, inputs = prompts.build(text, images)
-    pils = [Image.open(io.BytesIO(png_bytes(w, h, seed))) for w, h, seed in images]
     plain = text.format(*["<|image|>"] * len(images))
-    ref = processor(text=plain, images=[pils] if pils else None, return_tensors="pt")
-    assert ref["input_ids"][0].tolist() == ids
-    kept = ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
-    ref = {k: v for k, v in ref.items() if k in kept}
+    ref_ids, ref = processor_inputs(processor, plain, images, MLLAMA_INPUTS)
+    assert ref_ids == ids
     return ids, inputs, ref
 
 
