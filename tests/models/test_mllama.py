@@ -63,14 +63,6 @@ def step_helper(llm):
     return llm.core.executor.worker.runner.multimodal
 
 
-def held_after_next_step(setup, llm) -> int:
-    """Requests whose state is still held once the workers have seen the next step (freed
-    requests reach the workers with it)."""
-    ids, _, _ = build(setup, "<s>next", [])
-    llm.run([engine_request(ids, (), 1)])
-    return len(step_helper(llm).store)
-
-
 def test_prompt_and_pixels_equal_the_processor(setup):
     ids, inputs, ref = build(setup, "<s>Look {0} and {1}{2} now", [(56, 28, 1), (28, 84, 2),
                                                                     (40, 40, 3)])  # fmt: skip
@@ -100,7 +92,7 @@ def test_mixed_batch_with_chunked_prefill(setup):
         helper = step_helper(llm)
         assert helper.cache.num_encoded == 6  # each image through the tower once
         assert helper.store.num_computed == 3  # one state per request with images
-        assert held_after_next_step(setup, llm) == 0  # freed with the requests
+        assert len(helper.store) == 0  # freed when the requests finished
     finally:
         llm.close()
 
@@ -150,6 +142,21 @@ def test_preemption_and_a_bounded_store_recompute_the_state(setup):
         assert llm.core.scheduler.num_preemptions > 0
         assert helper.store.num_computed > len(crowd)  # recomputed after preemption / eviction
         assert helper.cache.num_encoded == 8  # from the encoder cache, not the tower
-        assert held_after_next_step(setup, llm) == 0
+        assert len(helper.store) == 0
+    finally:
+        llm.close()
+
+
+def test_abort_frees_the_state(setup):
+    ids, images, _ = build(setup, "<s>Abort me {0} soon", [(28, 28, 9)])
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=64)
+    try:
+        request = engine_request(ids, images, NEW_TOKENS)
+        llm.core.add_request(request)
+        llm.core.step()
+        helper = step_helper(llm)
+        assert len(helper.store) == 1
+        llm.core.abort(request.request_id)
+        assert len(helper.store) == 0
     finally:
         llm.close()
