@@ -73,7 +73,10 @@ def test_prompt_and_pixels_equal_the_processor(setup):
     assert ratio_ids.tolist() == ref["aspect_ratio_ids"][0].tolist()
 
 
-def test_mixed_batch_with_chunked_prefill(setup):
+def test_mixed_batch_with_chunked_prefill(setup, monkeypatch):
+    from pytgi.models import mllama
+
+    monkeypatch.setattr(mllama, "ROW_CHUNK", 5)  # several score blocks per prompt chunk
     model_dir = setup[0]
     batch = [
         build(setup, "<s>Hello world! {0} What is it?", [(56, 56, 1)]),  # rows before the image
@@ -97,19 +100,10 @@ def test_mixed_batch_with_chunked_prefill(setup):
         llm.close()
 
 
-def test_text_only_batch_skips_cross_attention(setup):
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=64)
-    try:
-        check(setup, llm, [build(setup, "<s>Only words here, no pictures.", [])])
-        assert step_helper(llm).store.num_computed == 0
-    finally:
-        llm.close()
-
-
 def test_prefix_hit_still_computes_the_cross_attention_state(setup):
     text = "<s>Hello world! How are you today? {0} Describe it in words."
     first = build(setup, text, [(56, 56, 7)])
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=256, max_batch_prefill_tokens=64)
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=256, max_batch_prefill_tokens=32)
     try:
         check(setup, llm, [first])
         (hit,) = check(setup, llm, [build(setup, text, [(56, 56, 7)])])
@@ -147,10 +141,12 @@ def test_preemption_and_a_bounded_store_recompute_the_state(setup):
         llm.close()
 
 
-def test_abort_frees_the_state(setup):
+def test_text_only_skips_cross_attention_and_abort_frees_the_state(setup):
     ids, images, _ = build(setup, "<s>Abort me {0} soon", [(28, 28, 9)])
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=64)
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=64, max_batch_prefill_tokens=32)
     try:
+        check(setup, llm, [build(setup, "<s>Only words here, no pictures.", [])])
+        assert step_helper(llm).store.num_computed == 0
         request = engine_request(ids, images, NEW_TOKENS)
         llm.core.add_request(request)
         llm.core.step()
