@@ -69,6 +69,9 @@ _MODELS: dict[str, ModelEntry] = {
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"
     ),
+    "PaliGemmaForConditionalGeneration": ModelEntry(
+        "paligemma", "PaliGemmaForConditionalGeneration"
+    ),
 }
 
 

@@ -40,9 +40,15 @@ class ProcessorOutput:
 
 class FamilyProcessor:
     """One family's processing. Subclasses set `image_token` (the placeholder whose runs the
-    model's embeddings replace) and implement `_process`."""
+    model's embeddings replace) and implement `_process`; a family whose processor lays out the
+    whole prompt (PaliGemma: images, <bos>, text, newline) sets `lays_out_prompt` and overrides
+    `layout`."""
 
     image_token: ClassVar[str]
+    # the prompt, images or not, goes through `layout`, and is tokenized with the tokenizer's
+    # special tokens only when this is None (the layout holds them)
+    lays_out_prompt: ClassVar[bool] = False
+    add_special_tokens: ClassVar[bool | None] = None
 
     def __init__(self, image_processor: Any, hf_config: Any, token_to_id):
         self.image_processor = image_processor
@@ -54,6 +60,10 @@ class FamilyProcessor:
 
     def process(self, image) -> ProcessorOutput:
         raise NotImplementedError
+
+    def layout(self, text: str) -> str:
+        """The prompt around `text` (its images already replaced by their placeholder text)."""
+        return text
 
 
 class Qwen2VLProcessing(FamilyProcessor):
@@ -145,6 +155,41 @@ class LlavaNextProcessing(FamilyProcessor):
         return ProcessorOutput([features], [num_tokens], self.image_token * num_tokens)
 
 
+class PaliGemmaProcessing(FamilyProcessor):
+    """PaliGemma 1 and 2: every image resized to the tower's one size and `image_seq_length`
+    <image> tokens; the prompt is laid out as PaliGemmaProcessor does with <image> tokens in the
+    text: <bos> right after the last image token (first when there is none), a newline at the
+    end, and no special tokens added by the tokenizer (the processor turns <bos> off). With the
+    images before the text that is its `<image> * N + <bos> + prompt + "\n"`."""
+
+    image_token = "<image>"
+    bos_token = "<bos>"
+    lays_out_prompt = True
+    add_special_tokens = False
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        if token_to_id(self.bos_token) is None:
+            raise ModelLoadError(f"the tokenizer has no {self.bos_token!r} token")
+        self.image_seq_len = int(
+            getattr(image_processor, "image_seq_length", None)
+            or hf_config.text_config.num_image_tokens
+        )
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)  # [1, 3, S, S]
+        n = self.image_seq_len
+        return ProcessorOutput([{"pixel_values": pixels}], [n], self.image_token * n)
+
+    def layout(self, text: str) -> str:
+        last = text.rfind(self.image_token)
+        at = last + len(self.image_token) if last != -1 else 0
+        return text[:at] + self.bos_token + text[at:] + "\n"
+
+
 def _first(value) -> int:
     """rows / cols come as [[n]] for one image (0: not split)."""
     while isinstance(value, list | tuple | np.ndarray):
@@ -158,6 +203,7 @@ PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "qwen2_5_vl": Qwen2VLProcessing,
     "idefics3": Idefics3Processing,
     "llava_next": LlavaNextProcessing,
+    "paligemma": PaliGemmaProcessing,
 }
 
 
