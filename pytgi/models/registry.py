@@ -70,6 +70,7 @@ _MODELS: dict[str, ModelEntry] = {
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"
     ),
+    "Llama4ForConditionalGeneration": ModelEntry("llama4", "Llama4ForConditionalGeneration"),
 }
 
 

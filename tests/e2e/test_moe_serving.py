@@ -2,7 +2,8 @@
 attention and its latent cache; Llama 4's text model): served natively (`/info` names the
 architecture, the log the native implementation), greedy tokens through TGI's client equal
 transformers' generate in one continuous batch, on one rank and with DeepSeek's experts and
-latent-attention heads (and Llama 4's) sharded over two ranks (each rank holds its slice of every expert)."""
+latent-attention heads (and Llama 4's) sharded over two ranks (each rank holds its slice of
+every expert)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,8 @@ def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[flo
                 pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
                 arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
             kwargs[name] = torch.from_numpy(np.concatenate(arrays))
-        if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
+        # tiles [n, C, H, W]: one sample of n images (Llama 4 takes its tiles flat)
+        if kwargs["pixel_values"].dim() == 4 and hf.config.model_type != "llama4":
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
     out = hf.generate(
         torch.tensor([ids]),
