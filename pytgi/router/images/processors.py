@@ -62,9 +62,7 @@ class FamilyProcessor:
         try:
             return AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
         except (OSError, ValueError) as exc:
-            raise ModelLoadError(
-                f"cannot load the image processor of {model_dir}: {exc}"
-            ) from exc
+            raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
 
 
 class Qwen2VLProcessing(FamilyProcessor):
