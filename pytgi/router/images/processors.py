@@ -65,6 +65,15 @@ class FamilyProcessor:
         """The prompt around `text` (its images already replaced by their placeholder text)."""
         return text
 
+    @classmethod
+    def load_image_processor(cls, model_dir: str | Path) -> Any:
+        from transformers import AutoImageProcessor
+
+        try:
+            return AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
+
 
 class Qwen2VLProcessing(FamilyProcessor):
     """Qwen2-VL and Qwen2.5-VL: dynamic resolution (resized to multiples of patch x merge size),
@@ -190,6 +199,33 @@ class PaliGemmaProcessing(FamilyProcessor):
         return text[:at] + self.bos_token + text[at:] + "\n"
 
 
+class Llama4Processing(FamilyProcessor):
+    """Llama 4: the image on a canvas of up to `max_patches` tiles plus a global tile
+    (router/images/llama4.py), each tile a run of <|patch|> tokens in Llama4Processor's layout."""
+
+    image_token = "<|patch|>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        vision = hf_config.vision_config
+        side = vision.image_size // vision.patch_size
+        self.run_length = int(side * side * vision.pixel_shuffle_ratio**2)
+
+    @classmethod
+    def load_image_processor(cls, model_dir: str | Path) -> Any:
+        from pytgi.router.images.llama4 import Llama4ImageProcessor
+
+        return Llama4ImageProcessor.from_pretrained(model_dir)
+
+    def process(self, image) -> ProcessorOutput:
+        from pytgi.router.images.llama4 import image_prompt
+
+        tiles, (rows, cols) = self.image_processor(image)  # [n, 3, S, S]
+        runs = [{"pixel_values": tiles[i : i + 1]} for i in range(tiles.shape[0])]
+        text = image_prompt(rows, cols, self.run_length)
+        return ProcessorOutput(runs, [self.run_length] * len(runs), text)
+
+
 def _first(value) -> int:
     """rows / cols come as [[n]] for one image (0: not split)."""
     while isinstance(value, list | tuple | np.ndarray):
@@ -204,6 +240,7 @@ PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "idefics3": Idefics3Processing,
     "llava_next": LlavaNextProcessing,
     "paligemma": PaliGemmaProcessing,
+    "llama4": Llama4Processing,
 }
 
 
@@ -215,10 +252,4 @@ def load_processor(model_dir: str | Path, hf_config: Any, token_to_id) -> Family
     family = PROCESSORS.get(getattr(hf_config, "model_type", None))
     if family is None:
         return None
-    from transformers import AutoImageProcessor
-
-    try:
-        image_processor = AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
-    return family(image_processor, hf_config, token_to_id)
+    return family(family.load_image_processor(model_dir), hf_config, token_to_id)
