@@ -74,6 +74,7 @@ _MODELS: dict[str, ModelEntry] = {
         "paligemma", "PaliGemmaForConditionalGeneration"
     ),
     "Llama4ForConditionalGeneration": ModelEntry("llama4", "Llama4ForConditionalGeneration"),
+    "MllamaForConditionalGeneration": ModelEntry("mllama", "MllamaForConditionalGeneration"),
 }
 
 

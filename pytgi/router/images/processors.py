@@ -49,6 +49,8 @@ class FamilyProcessor:
     # special tokens only when this is None (the layout holds them)
     lays_out_prompt: ClassVar[bool] = False
     add_special_tokens: ClassVar[bool | None] = None
+    # every token's states depend on the request's images (MultimodalInput.keys_whole_request)
+    keys_whole_request: ClassVar[bool] = False
 
     def __init__(self, image_processor: Any, hf_config: Any, token_to_id):
         self.image_processor = image_processor
@@ -226,6 +228,27 @@ class Llama4Processing(FamilyProcessor):
         return ProcessorOutput(runs, [self.run_length] * len(runs), text)
 
 
+class MllamaProcessing(FamilyProcessor):
+    """Mllama (Llama 3.2 Vision): one <|image|> token per image (the language model attends to
+    the image through its cross-attention layers); the image resized to its best tiling of up
+    to `max_image_tiles` tiles, padded to that many tiles (`aspect_ratio_ids` names the tiling,
+    `aspect_ratio_mask` the real tiles)."""
+
+    image_token = "<|image|>"
+    keys_whole_request = True  # rows before the first image attend over all images
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[[image]], return_tensors="np", input_data_format="channels_last"
+        )
+        features = {
+            "pixel_values": np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32),
+            "aspect_ratio_ids": np.asarray(out["aspect_ratio_ids"][0], dtype=np.int64),
+            "aspect_ratio_mask": np.asarray(out["aspect_ratio_mask"][0], dtype=np.int64),
+        }  # [1, tiles, C, S, S], [1], [1, tiles]
+        return ProcessorOutput([features], [1], self.image_token)
+
+
 def _first(value) -> int:
     """rows / cols come as [[n]] for one image (0: not split)."""
     while isinstance(value, list | tuple | np.ndarray):
@@ -241,6 +264,7 @@ PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "llava_next": LlavaNextProcessing,
     "paligemma": PaliGemmaProcessing,
     "llama4": Llama4Processing,
+    "mllama": MllamaProcessing,
 }
 
 
