@@ -21,7 +21,7 @@ import torch
 
 from pytgi.backends.base import QuantOps
 from pytgi.errors import ConfigError
-from pytgi.layers.quantization.activations import activations_for
+from pytgi.layers.quantization.activations import CUDA_QUANTIZE, activations_for
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
     CodebookLinearMethod,
@@ -85,11 +85,6 @@ def _factories(policy: ActivationPolicy) -> dict[str, Callable]:
 
 
 SUPPORTED_QUANTIZE = tuple(_factories(INT8_POLICY))
-# what CUDA serves (backends/cuda/quant_ops.py): the weight-only formats with the model dtype's
-# activations, as TGI runs them, and fp8; LLM.int8 (`bitsandbytes`: int8 activations with
-# outlier columns) has no kernel there
-CUDA_QUANTIZE = ("gptq", "awq", "compressed-tensors", "fp8", "eetq", "bitsandbytes-nf4",
-                 "bitsandbytes-fp4")  # fmt: skip
 
 
 def quant_config_for(

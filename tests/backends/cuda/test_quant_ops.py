@@ -162,3 +162,60 @@ def test_fp8_scaled_mm_is_per_token_w8a8():
     out = fp8_linear(x, packed, bias)
     expected = fp8_reference(x, packed, bias)
     check(out.cpu(), expected.cpu(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "fp8"])
+def test_prequantized_model_on_the_cuda_platform(fmt, tiny_model_factory, tmp_path):
+    """A GPTQ (act-order) / FP8 block-wise checkpoint loads on the CUDA platform's layers (its
+    QuantOps, the interpreter here) and gives the CPU runner's logits over a prefill and two
+    decode steps (within bf16's tolerance)."""
+    from backends.cuda.interpreted import InterpretedCudaPlatform
+    from fixtures.prequantized import build_checkpoint
+    from models.runner_utils import BlockAllocator, prompt, scheduled, step
+
+    from pytgi.backends.cpu.platform import CpuPlatform
+    from pytgi.config import DeviceConfig, EngineConfig, ModelConfig
+    from pytgi.worker.model_runner import ModelRunner
+
+    model_dir = tmp_path / fmt
+    build_checkpoint(tiny_model_factory("llama", num_hidden_layers=1), model_dir, fmt)
+    # bf16 on the CUDA platform (CUDA's quantized default dtypes; on CPU tensors fp32 dense
+    # layers would take the CPU kernels' packing), fp32 on the CPU reference
+    runners = [
+        ModelRunner(EngineConfig(model=ModelConfig(model_id=str(model_dir), dtype=dtype)),
+                    platform)  # fmt: skip
+        for dtype, platform in (("bfloat16", InterpretedCudaPlatform()),
+                                ("float32", CpuPlatform(DeviceConfig(kernels=False))))
+    ]  # fmt: skip
+    for runner in runners:
+        runner.load_model(model_dir)
+        runner.allocate_kv_cache(16)
+    assert runners[0].model.model.layers[0].mlp.down_proj.quant_packed.format_name == "int4" or (
+        fmt == "fp8"
+    )
+    ids = prompt(9, seed=1)
+    table = BlockAllocator().take(16)
+    for start in (0, 9, 10):
+        work = step(scheduled("a", ids, start, len(ids), table, num_prompt=9))
+        ours, expected = (r.forward(work).float() for r in runners)
+        torch.testing.assert_close(ours, expected, atol=3e-2, rtol=3e-2)
+        ids = ids + [int(expected[-1].argmax())]
+
+
+def test_cuda_serves_the_weight_only_methods_in_the_model_dtype():
+    from pytgi.errors import ConfigError
+    from pytgi.layers.quantization.registry import (
+        check_prequantized_options,
+        resolve_quant_config,
+    )
+
+    gptq_quant = quant("gptq", bits=4, group_size=128)
+    check_prequantized_options(gptq_quant, None, torch.float16, platform="cuda")
+    with pytest.raises(ConfigError, match="float32"):
+        check_prequantized_options(gptq_quant, None, torch.float16, platform="cpu")
+    for name in ("fp8", "eetq", "bitsandbytes-nf4"):
+        assert resolve_quant_config(name, None, torch.bfloat16, platform="cuda").name == name
+    with pytest.raises(ConfigError, match="not supported on cuda"):
+        resolve_quant_config("bitsandbytes", None, torch.float16, platform="cuda")
+    with pytest.raises(ConfigError, match="CPU only"):
+        resolve_quant_config("eetq", None, torch.float16, "int8", platform="cuda")
