@@ -225,7 +225,8 @@ def triton_linear(
         m, packed.n, packed.k, packed.group, x.stride(0), packed.codes.stride(0),
         scales.stride(0), out.stride(0),
         NIBBLES=packed.nibbles, TABLE=packed.table is not None, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, UPCAST=INTERPRETED, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, num_warps=4,
+        IEEE=x.dtype == torch.float32, UPCAST=INTERPRETED,
+        BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, num_warps=4,
     )  # fmt: skip
     return out
 
