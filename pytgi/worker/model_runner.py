@@ -145,6 +145,13 @@ class ModelRunner:
                 f"{self.spec.architecture} runs on one shard only (got --num-shard "
                 f"{self.tp.world_size})"
             )
+        if self.model.bidirectional_prompt:
+            if not self.attention.supports_bidirectional_prompt:
+                raise ModelLoadError(
+                    f"{self.spec.architecture}'s bidirectional prompt attention (prefix-LM) is "
+                    f"not implemented by the {self.attention.name} attention backend"
+                )
+            self.input_builder.bidirectional_prompt = True
         self.accelerator = None
         if getattr(self.model, "uses_cross_attention", False):
             from pytgi.worker.cross_attention import CrossAttentionStep
@@ -169,6 +176,10 @@ class ModelRunner:
         if not windows or None in windows:
             return None
         return max(windows)
+
+    @property
+    def bidirectional_prompt(self) -> bool:
+        return self.input_builder.bidirectional_prompt
 
     @property
     def bytes_per_block(self) -> int:
@@ -363,6 +374,7 @@ class ModelRunner:
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
+        longest += getattr(self.model, "position_offset", 0)  # PaliGemma's rotary counts from 1
         grown = [table.reserve(longest) for table in self.rotary_tables]
         lora = None
         if inputs.adapter_slots is not None:

@@ -66,7 +66,8 @@ def hf_greedy(
                 pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
                 arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
             kwargs[name] = torch.from_numpy(np.concatenate(arrays))
-        if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
+        tiles_per_sample = hf.config.model_type in ("idefics2", "idefics3")
+        if kwargs["pixel_values"].dim() == 4 and tiles_per_sample:  # one sample of n tiles
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
     out = hf.generate(
         torch.tensor([ids]),
