@@ -7,6 +7,8 @@ request."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -156,3 +158,20 @@ def test_text_only_skips_cross_attention_and_abort_frees_the_state(setup):
         assert len(helper.store) == 0
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize(
+    "locations", [[0], [3], [3, 7], [3, 4, 9], [3, 4], [2, 3, 4, 8, 9], [1, 5, 6, 10]]
+)
+def test_image_spans_equal_the_processors_mask(locations):
+    """Which tokens see which image, against MllamaProcessor's own sparse mask (its end of the
+    sequence is open-ended here: generated tokens see what the last prompt token sees)."""
+    from transformers.models.mllama.processing_mllama import get_cross_attention_token_mask
+
+    from pytgi.models.mllama import image_spans
+
+    length, image = 12, 99
+    ids = [image if i in locations else 1 for i in range(length)]
+    expected = [(a, math.inf if b in (-1, length) else b)
+                for a, b in get_cross_attention_token_mask(ids, image)]  # fmt: skip
+    assert image_spans(locations) == expected
