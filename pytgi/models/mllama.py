@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi.errors import ModelLoadError
-from pytgi.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pytgi.layers.embedding import ParallelLMHead
 from pytgi.layers.norm import RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
 from pytgi.messages.request import MultimodalInput
@@ -377,17 +377,16 @@ class MllamaForConditionalGeneration(MultimodalLM):
         super().__init__()
         if quant_config is not None:
             raise ModelLoadError(f"{spec.architecture} does not run quantized weights yet")
+        if spec.tie_word_embeddings:  # the table has 8 rows more than the head
+            raise ModelLoadError(f"{spec.architecture} with tied word embeddings is not supported")
         self.spec = spec
-        self.model = DecoderModel(dataclasses.replace(spec, num_layers=0), quant_config)
-        self.model.embed_tokens = VocabParallelEmbedding(
-            spec.vocab_size + EXTRA_TOKEN_ROWS, spec.hidden_size
-        )
+        # the shared embedding, rotary and final norm; its stack replaced by the mixed one
+        rows = spec.vocab_size + EXTRA_TOKEN_ROWS
+        self.model = DecoderModel(dataclasses.replace(spec, num_layers=0, vocab_size=rows))
         self.model.layers = MllamaTextStack(spec, quant_config, prefix="model.layers")
         self.vision_model = MllamaVisionModel(spec.vision)
         self.multi_modal_projector = nn.Linear(spec.vision["vision_output_dim"], spec.hidden_size)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size)
-        if spec.tie_word_embeddings:
-            raise ModelLoadError("Mllama with tied word embeddings is not supported")
 
     @property
     def tokens_per_tile(self) -> int:
