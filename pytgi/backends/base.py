@@ -66,6 +66,10 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
     block_size: int
     num_decode_rows: int
+    # [R] int64 host, or None (all 0): row i's first bidirectional_lens[i] positions attend to
+    # each other both ways (a model's bidirectional prompt, PaliGemma's prefix-LM); such a row
+    # starts at position 0 and holds at least that many queries (the scheduler's invariant)
+    bidirectional_lens: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -191,6 +195,8 @@ class AttentionMetadataBuilder(ABC):
 
 class AttentionBackend(ABC):
     name: str
+    # honours AttentionBatch.bidirectional_lens (a model that needs it is refused otherwise)
+    supports_bidirectional_prompt: bool = False
 
     @abstractmethod
     def make_impl(self, params: AttentionParams) -> AttentionImpl:

@@ -70,7 +70,11 @@ _MODELS: dict[str, ModelEntry] = {
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"
     ),
+    "PaliGemmaForConditionalGeneration": ModelEntry(
+        "paligemma", "PaliGemmaForConditionalGeneration"
+    ),
     "Llama4ForConditionalGeneration": ModelEntry("llama4", "Llama4ForConditionalGeneration"),
+    "MllamaForConditionalGeneration": ModelEntry("mllama", "MllamaForConditionalGeneration"),
 }
 
 

@@ -21,6 +21,8 @@ window value among the layers, shared by all layers:
   flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
   is_causal (or the window mask); with the kernel, other prefill rows use its paged twin
   `prefill_attention_paged`, which reads the cached blocks in place;
+- a bidirectional prompt (`AttentionBatch.bidirectional_lens`, PaliGemma): always a fresh row,
+  its own K/V with the prefix-LM mask, on the torch path (the kernels are causal);
 - other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
@@ -99,6 +101,7 @@ class PrefillRow:
     mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
     position: int = 0  # the position of the row's first query
     block_table: torch.Tensor | None = None  # [W] int64, the row's whole table (cached keys)
+    bidirectional: bool = False  # a fresh row whose mask opens its prompt both ways (torch path)
     # chunked attention: the first key every query of the row sees (its chunk's start), when
     # that is a cached key (the compiled path then runs the queries as decode rows)
     chunk_start: int | None = None
@@ -211,11 +214,16 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             return self._chunked_prefills(batch, chunk)
         bs = batch.block_size
         starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+        lens = batch.bidirectional_lens
+        bidirectional = lens.tolist() if lens is not None else [0] * batch.num_rows
         rows = []
         for i in range(batch.num_decode_rows, batch.num_rows):
             start, num_q = starts[i], starts[i + 1] - starts[i]
             end_pos = seq_lens[i]
             start_pos = end_pos - num_q
+            if bidirectional[i]:
+                rows.append(_bidirectional_row(start, num_q, bidirectional[i], window))
+                continue
             if start_pos == 0 and (window is None or num_q <= window):
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
                 continue
@@ -299,6 +307,19 @@ def _first_visible(seq_lens: torch.Tensor, window: int | None, chunk: int | None
     return torch.zeros_like(seq_lens)
 
 
+def _bidirectional_row(start: int, num_q: int, prefix: int, window: int | None) -> PrefillRow:
+    """A fresh row (positions 0 .. num_q - 1, its own K/V) whose first `prefix` positions see
+    each other both ways: key k is visible to query q when k <= q or k < prefix (transformers'
+    PaliGemma mask); a window only limits the keys before the query."""
+    assert num_q >= prefix, "a bidirectional prompt is scheduled whole, from position 0"
+    keys = torch.arange(num_q)  # [q]
+    queries = keys.unsqueeze(1)  # [q, 1]
+    mask = (keys <= queries) | (keys < prefix)  # [q, q]
+    if window is not None:
+        mask &= queries - keys < window
+    return PrefillRow(start, start + num_q, None, 0, num_q, mask, bidirectional=True)
+
+
 class CpuAttentionImpl(AttentionImpl):
     def __init__(self, params: AttentionParams, kernels):
         super().__init__(params)
@@ -379,7 +400,7 @@ class CpuAttentionImpl(AttentionImpl):
             # the paged prefill kernel starts its keys at 0 or a window, never a chunk's start
             if row.end - row.start <= DECODE_LIKE_ROWS or row.chunk_start is not None:
                 return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
-        if ops is not None and self.kernel_prefill:
+        if ops is not None and self.kernel_prefill and not row.bidirectional:
             # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
             # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
             # step's K/V are stored already)
@@ -472,6 +493,7 @@ def _causal(n: int) -> torch.Tensor:
 
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu-paged"
+    supports_bidirectional_prompt = True
 
     def __init__(self, kernels=None):
         self.kernels = kernels
