@@ -158,7 +158,8 @@ class KVCacheManager:
             return hashes
         bs = self.block_size
         for i in range(len(hashes), num_full):
-            # a LoRA adapter changes every layer's K/V: its first block chains from the adapter id
+            # a LoRA adapter (or an input every token depends on) changes every layer's K/V: the
+            # first block chains from it
             parent = hashes[-1] if hashes else _root(request, self.bidirectional_prompt)
             tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
             images = _images_in(request, i * bs, (i + 1) * bs)
@@ -175,7 +176,12 @@ def _images_in(request: Request, start: int, end: int) -> tuple[str, ...]:
 
 
 def _root(request: Request, bidirectional_prompt: bool) -> BlockHash | None:
-    root = None if request.adapter_id is None else hash(("lora", request.adapter_id))
-    if bidirectional_prompt:  # a block's K/V depends on the prompt's length too
+    """The first block's parent: a LoRA adapter and inputs every token depends on (Mllama's
+    images) change every block's K/V, and so does a bidirectional prompt's length."""
+    whole = tuple(mm.content_hash for mm in request.multimodal_inputs if mm.keys_whole_request)
+    root = None
+    if request.adapter_id is not None or whole:
+        root = hash(("root", request.adapter_id, whole))
+    if bidirectional_prompt:
         root = hash(("prompt", request.num_prompt_tokens, root))
     return root

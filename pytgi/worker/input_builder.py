@@ -13,6 +13,7 @@ sample and to report prompt logprobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,8 @@ class ForwardInputs:
     # vision-language model's input embeddings [T, hidden] with its images merged
     flat_starts: dict[str, int] = field(default_factory=dict)
     inputs_embeds: torch.Tensor | None = None
+    # a cross-attention model's (Mllama) rows with images: models/mllama.CrossAttentionBatch
+    cross_attention: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -157,7 +157,9 @@ class ImagePipeline:
             for i, features in enumerate(image.output.runs)
         ]  # fmt: skip
         return tuple(
-            MultimodalInput("image", start, length, key, features)
+            MultimodalInput(
+                "image", start, length, key, features, self.processor.keys_whole_request
+            )
             for (start, length), (key, features) in zip(runs, keyed, strict=True)
         )
 
