@@ -61,7 +61,7 @@ def hf_greedy(
     if images and inputs is None:
         for name in images[0].features:
             arrays = [i.features[name] for i in images]
-            if len({a.shape[-2:] for a in arrays}) > 1:  # Idefics 2: padded to the largest
+            if hf.config.model_type == "idefics2":  # images of a sample padded to the largest
                 h, w = max(a.shape[-2] for a in arrays), max(a.shape[-1] for a in arrays)
                 pads = [[(0, 0)] * (a.ndim - 2) + [(0, h - a.shape[-2]), (0, w - a.shape[-1])]
                         for a in arrays]  # fmt: skip
