@@ -2,9 +2,9 @@
 test_gpu_features.py), written here where compressed-tensors is installed, for the GPU machine
 where it is not: a tiny Llama stored as GPTQ (act-order), AWQ, compressed-tensors W4A16, FP8
 block-wise and FP8 per channel, each beside its dense reference (tests/fixtures/prequantized.py,
-`write_fixture`). A few hundred KB in all; the folder is git-ignored, carry it.
+`write_fixture`). About 4 MB in all; the folder is git-ignored, carry it.
 
-    python scripts/gpu_fixtures.py [DIR]   # default .gpu-fixtures; the tests read PYTGI_GPU_FIXTURES
+    python scripts/gpu_fixtures.py [DIR]  # default .gpu-fixtures (the tests: PYTGI_GPU_FIXTURES)
 """
 
 from __future__ import annotations
