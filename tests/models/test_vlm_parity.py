@@ -1,4 +1,4 @@
-"""Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3, Llava-Next) through the whole
+"""Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3, Llava-Next, Llama 4) through the whole
 engine against transformers' eager greedy generate on the same processor outputs: one image,
 several images of different sizes and text-only prompts in one batch, with chunked prefill
 splitting images across steps; prefix hits keyed by image content; preemption and recompute
@@ -54,7 +54,7 @@ def runner(llm):
     return llm.core.executor.worker.runner
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3", "llava_next"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3", "llava_next", "llama4"])
 def test_mixed_batch_with_chunked_prefill(family, family_setup):
     check_mixed_batch(family_setup, family)
 
