@@ -2,14 +2,14 @@
 # The CUDA backend's validation on a GPU machine, in one run of at most 6.5 minutes (the phase
 # limits add up to 390 s; a phase past its limit is killed and the next one starts):
 #   1. environment (15 s): nvidia-smi, torch / Triton / transformers versions;
-#   2. install (45 s): the carried wheels (.gpu-wheels/, scripts/gpu_wheels.sh: transformers and
+#   2. install (35 s): the carried wheels (.gpu-wheels/, scripts/gpu_wheels.sh: transformers and
 #      tokenizers at this project's versions, the server's dependencies) into /tmp/site, first on
 #      PYTHONPATH after the repository; nothing of the machine's own packages is touched;
-#   3. features (100 s): tests/backends/cuda/test_gpu_features.py (pre-quantized GPTQ / AWQ /
+#   3. features (120 s): tests/backends/cuda/test_gpu_features.py (pre-quantized GPTQ / AWQ /
 #      compressed-tensors / FP8 checkpoints from .gpu-fixtures/, made by scripts/gpu_fixtures.py;
 #      MoE and MLA; Qwen2-VL with images; LoRA; bfloat16 / fp8 KV caches with CUDA graphs) and the
 #      Triton kernels' own tests on the device (test_quant_ops.py, test_triton_ops.py);
-#   4. tests (130 s): the earlier `gpu` tests (fp32 greedy parity per tiny architecture with and
+#   4. tests (120 s): the earlier `gpu` tests (fp32 greedy parity per tiny architecture with and
 #      without CUDA graphs, bf16 logits, graph replay, KV sizing, generate / serve, sampling);
 #   5. model_1b (40 s): a random-weight Llama-3.2-1B-shaped bf16 checkpoint;
 #   6. bench (50 s): `pytgi bench` on it, graphs on, once (batch-1 decode against the copy-
@@ -110,9 +110,9 @@ export -f environment install features gpu_tests make_model bench summary
 : >"$OUT/phases.txt"
 : >"$OUT/gpu.log"
 phase environment 15 environment
-phase install 45 install || echo "install failed: see gpu.log"
-phase features 100 features
-phase tests 130 gpu_tests
+phase install 35 install || echo "install failed: see gpu.log"
+phase features 120 features
+phase tests 120 gpu_tests
 if [[ "$what" != tests ]]; then
   phase model_1b 40 make_model && phase bench 50 bench
 fi
