@@ -63,7 +63,11 @@ print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_devic
 
 install() {
   rm -rf "$SITE"
-  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl || return 1
+  if ! "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl; then
+    echo "pip failed: unpacking the wheels instead"  # a wheel is an importable zip of its files
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    for wheel in "$WHEELS"/*.whl; do "$PY" -m zipfile -e "$wheel" "$SITE" || return 1; done
+  fi
   "$PY" -c '
 import fastapi, uvicorn, httpx, pydantic, pytest, transformers, tokenizers, peft, llguidance, pytgi
 print("transformers", transformers.__version__, transformers.__file__)
