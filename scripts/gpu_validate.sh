@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's validation on a GPU machine, in one run of at most 6.5 minutes (the phase
 # limits add up to 390 s; a phase past its limit is killed and the next one starts):
-#   1. environment (15 s): nvidia-smi, torch / Triton / transformers versions;
+#   1. environment (20 s): nvidia-smi, torch / Triton / transformers versions;
 #   2. install (35 s): the carried wheels (.gpu-wheels/, scripts/gpu_wheels.sh: transformers and
 #      tokenizers at this project's versions, the server's dependencies) into /tmp/site, first on
 #      PYTHONPATH after the repository; nothing of the machine's own packages is touched;
@@ -12,7 +12,7 @@
 #   4. tests (120 s): the earlier `gpu` tests (fp32 greedy parity per tiny architecture with and
 #      without CUDA graphs, bf16 logits, graph replay, KV sizing, generate / serve, sampling);
 #   5. model_1b (40 s): a random-weight Llama-3.2-1B-shaped bf16 checkpoint;
-#   6. bench (50 s): `pytgi bench` on it, graphs on, once (batch-1 decode against the copy-
+#   6. bench (45 s): `pytgi bench` on it, graphs on, once (batch-1 decode against the copy-
 #      bandwidth bound, batch 16 against transformers' static batching);
 #   7. summary (10 s).
 # $OUT (default ./gpu-results) receives at most 5 files: phases.txt, gpu.log (every phase's log,
@@ -58,7 +58,7 @@ print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torc
 print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability(),
       "free/total bytes", torch.cuda.mem_get_info())'
   ls "$WHEELS" | wc -l
-  du -sh "$WHEELS" "$PYTGI_GPU_FIXTURES"
+  ls "$PYTGI_GPU_FIXTURES"
 }
 
 install() {
@@ -113,12 +113,12 @@ export -f environment install features gpu_tests make_model bench summary
 
 : >"$OUT/phases.txt"
 : >"$OUT/gpu.log"
-phase environment 15 environment
+phase environment 20 environment
 phase install 35 install || echo "install failed: see gpu.log"
 phase features 120 features
 phase tests 120 gpu_tests
 if [[ "$what" != tests ]]; then
-  phase model_1b 40 make_model && phase bench 50 bench
+  phase model_1b 40 make_model && phase bench 45 bench
 fi
 phase summary 10 summary
 cat "$OUT/SUMMARY.md" 2>/dev/null
