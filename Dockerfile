@@ -35,8 +35,10 @@ RUN pip install ${PIP_ARGS} .
 
 # Build the CPU kernels now, not on the first start: the build directory is keyed by sources,
 # flags and torch, and the flags follow the build host's CPU (AVX2/AVX-512). A host with another
-# ISA builds its own copy at first start (logged), as a bare install would.
-RUN python -c "from pytgi.backends.cpu.kernels import load_cpu_kernels as l; assert l() is not None"
+# ISA builds its own copy at first start (logged), as a bare install would. The root is passed as
+# the server passes it (TORCH_EXTENSIONS_DIR through pytgi.envs): torch's default root ignores it.
+RUN python -c "from pytgi import envs; from pytgi.backends.cpu.kernels import load_cpu_kernels as l; \
+    assert l(envs.torch_extensions_dir()) is not None"
 
 WORKDIR /data
 VOLUME /data
