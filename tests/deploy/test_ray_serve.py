@@ -79,6 +79,14 @@ def _request_count(replica_id: str) -> float:
     return float(line.split()[1])
 
 
+def _server_answers(replica_id: str) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{replica_id.split('@')[1]}/health", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def test_load_spreads_over_both_replicas_and_streams(proxy_url):
     results = _burst(proxy_url, 8, 8)
     assert [status for status, _, _ in results] == [200] * 8
@@ -141,6 +149,11 @@ def test_killed_replica_costs_only_its_inflight_requests_and_is_replaced(proxy_u
     served = [replica for status, replica, _ in results if status == 200]
     if set(served) <= {victim, survivor}:  # no request ran twice on the survivor
         assert _request_count(survivor) - survivor_count == served.count(survivor)
+
+    deadline = time.monotonic() + 30
+    while _server_answers(victim) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _server_answers(victim)  # its pytgi server died with it
 
     deadline = time.monotonic() + 120
     seen = set()
