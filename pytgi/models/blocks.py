@@ -110,9 +110,14 @@ class DecoderAttention(nn.Module):
             prefix=f"{prefix}.attn",
             logits_soft_cap=spec.attn_logit_softcap,
             alibi_slopes=self._alibi_slopes(spec),
+            attention_chunk_size=spec.attention_chunk_size(layer_idx),
         )
-        self.rotate = ApplyRotary(spec.rotary_interleaved) if spec.uses_rope else None
+        nope = spec.is_nope(layer_idx)
+        self.rotate = ApplyRotary(spec.rotary_interleaved) if spec.uses_rope and not nope else None
         self.rope_table = spec.rope_table(layer_idx)
+        self.qk_l2_norm = spec.qk_l2_norm and not nope
+        self.norm_eps = spec.norm_eps
+        self.temperature_table = spec.temperature_table if nope else None
 
     def _alibi_slopes(self, spec: DecoderSpec) -> tuple[float, ...] | None:
         if spec.position_encoding != ALIBI:
@@ -136,6 +141,10 @@ class DecoderAttention(nn.Module):
             else:  # q and k heads are adjacent: rotate them in one go (qkv is ours to overwrite)
                 qk = self.rotate(qkv[:, : h + kvh], cos, sin)  # [T, H+KVH, D]
                 q, k = qk[:, :h], qk[:, h:]
+        if self.qk_l2_norm:  # Llama 4: after the rotary, no weight
+            q, k = _l2_norm(q, self.norm_eps), _l2_norm(k, self.norm_eps)
+        if self.temperature_table is not None:  # the query scale, per token
+            q = q * cos[self.temperature_table][:, :, :1]  # [T, 1, 1] (the row before slicing)
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
 
@@ -149,6 +158,11 @@ class DecoderAttention(nn.Module):
         if self.attn.params.alibi_slopes is not None:
             tensors["alibi_slopes"] = torch.tensor(self.attn.params.alibi_slopes)
         return tensors
+
+
+def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the head dim, in fp32 (Llama 4's weightless q/k norm)."""
+    return torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 class GatedMLP(nn.Module):

@@ -22,6 +22,10 @@ from pytgi.models.base import CausalLM
 
 class MultimodalLM(CausalLM):
     uses_mrope: bool = False
+    # every prompt token attends to every other prompt token, generated tokens causally
+    # (PaliGemma's prefix-LM): the scheduler runs prompts whole, the runner marks their rows
+    bidirectional_prompt: bool = False
+    position_offset: int = 0  # the rotary position of token index i is i + position_offset
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> token embeddings [T, hidden], as the language model scales them (the

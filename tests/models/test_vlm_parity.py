@@ -1,4 +1,4 @@
-"""Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3, Llava-Next) through the whole
+"""Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3, Llava-Next, Llama 4) through the whole
 engine against transformers' eager greedy generate on the same processor outputs: one image,
 several images of different sizes and text-only prompts in one batch, with chunked prefill
 splitting images across steps; prefix hits keyed by image content; preemption and recompute
@@ -54,8 +54,14 @@ def runner(llm):
     return llm.core.executor.worker.runner
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3", "llava_next"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3", "llava_next", "llama4"])
 def test_mixed_batch_with_chunked_prefill(family, family_setup):
+    check_mixed_batch(family_setup, family)
+
+
+def check_mixed_batch(family_setup, family: str, **engine_options) -> None:
+    """Images and text in one batch, images split across prefill chunks, against transformers;
+    on an engine with `engine_options` (the GPU test: dtype float32)."""
     model_dir, hf, prompts = family_setup(family)
     batch = [
         prompts.build("Hello world! {0} What is it?", [(112, 112, 1)]),  # 16 image tokens
@@ -64,7 +70,8 @@ def test_mixed_batch_with_chunked_prefill(family, family_setup):
         prompts.build("Numbers: 0 1 2 3 {0}", [(84, 56, 5)]),
     ]
     # 4-token blocks and a 16-token step budget: images span prefill chunks, decodes mix in
-    llm = LLM(str(model_dir), block_size=4, num_blocks=256, max_batch_prefill_tokens=16)
+    llm = LLM(str(model_dir), block_size=4, num_blocks=256, max_batch_prefill_tokens=16,
+              **engine_options)  # fmt: skip
     try:
         check(llm, hf, batch)
         # each image (Idefics 3: each of its tiles) once

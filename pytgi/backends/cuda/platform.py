@@ -1,7 +1,8 @@
 """The NVIDIA GPU platform: one device per tensor-parallel rank (cuda:{rank}), NCCL for the
 model's collectives (each step's metadata still travels on the gloo control group), GPU memory from
 `torch.cuda.mem_get_info` within `--cuda-memory-fraction`, the Triton kernels (ops.py and the
-attention backend) and CUDA-graph replay of decode steps.
+attention backend), the quantized linear products (quant_ops.py) and CUDA-graph replay of decode
+steps.
 
 Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (TGI_COMPATIBILITY.md
 §15).
@@ -72,6 +73,13 @@ class CudaPlatform(Platform):
 
         properties = torch.cuda.get_device_properties(self.index)
         return TritonAttentionBackend(num_sms=properties.multi_processor_count)
+
+    def quant_ops(self, dtype: torch.dtype):
+        from pytgi.backends.cuda.quant_ops import CudaQuantOps
+
+        capability = torch.cuda.get_device_capability(self.index)
+        return CudaQuantOps(self.device, use_triton=self.kernels is not None,
+                            scaled_mm=capability >= (8, 9))  # fmt: skip
 
     def decode_accelerator(
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype

@@ -14,6 +14,7 @@ from pytgi.backends.cuda import ops
 from pytgi.backends.cuda.attention import TritonAttentionBackend
 from pytgi.backends.cuda.graphs import CudaGraphRunner
 from pytgi.backends.cuda.platform import CudaPlatform
+from pytgi.backends.cuda.quant_ops import CudaQuantOps
 from pytgi.config import DeviceConfig
 
 
@@ -59,6 +60,9 @@ class InterpretedCudaPlatform(CudaPlatform):
 
     def attention_backend(self, dtype: torch.dtype) -> TritonAttentionBackend:
         return TritonAttentionBackend(num_sms=self.num_sms)
+
+    def quant_ops(self, dtype: torch.dtype) -> CudaQuantOps:
+        return CudaQuantOps(self.device, use_triton=True, scaled_mm=False)
 
     def decode_accelerator(self, model, kv_cache_dtype) -> CudaGraphRunner | None:
         if not self.config.cuda_graphs:
