@@ -175,3 +175,14 @@ def test_image_spans_equal_the_processors_mask(locations):
     expected = [(a, math.inf if b in (-1, length) else b)
                 for a, b in get_cross_attention_token_mask(ids, image)]  # fmt: skip
     assert image_spans(locations) == expected
+
+
+def test_ngram_drafts_see_the_images_of_their_rows(setup):
+    """Draft rows verify under the same image masks as the row they follow."""
+    prompt = build(setup, "<s>a b c a b c {0} a b c a b c a b", [(56, 56, 12)])
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=64, speculate=3)
+    try:
+        check(setup, llm, [prompt])
+        assert llm.core.scheduler.num_draft_tokens > 0
+    finally:
+        llm.close()
