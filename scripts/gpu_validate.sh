@@ -114,9 +114,9 @@ export -f environment install features gpu_tests make_model bench summary
 : >"$OUT/phases.txt"
 : >"$OUT/gpu.log"
 phase environment 20 environment
-phase install 35 install || echo "install failed: see gpu.log"
-phase features 120 features
-phase tests 120 gpu_tests
+phase install 60 install || echo "install failed: see gpu.log"
+phase features 180 features
+phase tests 150 gpu_tests
 if [[ "$what" != tests ]]; then
   phase model_1b 40 make_model && phase bench 45 bench
 fi

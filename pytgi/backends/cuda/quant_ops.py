@@ -147,12 +147,13 @@ def pack_pieces(pieces: list, device: torch.device) -> CudaPackedWeight:
         packed = (padded[:, 0::2] | (padded[:, 1::2] << 4)).to(torch.uint8)
     else:
         packed = codes.to(torch.uint8)
-    fp8 = None
     source = "+".join(dict.fromkeys(p.source or f"{p.bits}-bit" for p in pieces))
+    codes_dev = packed.to(device)
+    fp8 = None  # the same bytes as e4m3 (no copy) where one scale per row lets _scaled_mm run
     if table is not None and group >= k and all(p.source.startswith("fp8") for p in pieces):
-        fp8 = packed.view(torch.float8_e4m3fn).to(device)
+        fp8 = codes_dev.view(torch.float8_e4m3fn)
     return CudaPackedWeight(
-        n=codes.shape[0], k=k, codes=packed.to(device), scales=scales.contiguous().to(device),
+        n=codes.shape[0], k=k, codes=codes_dev, scales=scales.contiguous().to(device),
         mins=None if mins is None else mins.contiguous().to(device),
         table=None if table is None else table.float().to(device), group=group,
         nibbles=nibbles, source=source, fp8=fp8,
