@@ -129,19 +129,17 @@ class CrossAttentionStep:
         return held
 
     def _image_states(self, images: tuple[MultimodalInput, ...]) -> list[torch.Tensor]:
-        missing = {i.content_hash: i for i in images if i.content_hash not in self.cache}
-        encoded = {}
+        """Each image's states: the cached ones taken first (held here, so this call's own
+        puts cannot evict them), the missing ones through the tower in one call."""
+        found = {i.content_hash: self.cache.get(i.content_hash) for i in images}
+        missing = {i.content_hash: i for i in images if found[i.content_hash] is None}
         if missing:
             values = self.model.encode_images(list(missing.values()))
             self.cache.num_encoded += len(missing)
-            encoded = dict(zip(missing, values, strict=True))
-            for key, value in encoded.items():
+            for key, value in zip(missing, values, strict=True):
+                found[key] = value
                 self.cache.put(key, value)
-        # an image evicted by this call's own puts is still in `encoded`
-        return [
-            encoded[i.content_hash] if i.content_hash in encoded else self.cache.get(i.content_hash)
-            for i in images
-        ]
+        return [found[i.content_hash] for i in images]
 
     def _mask(self, held: HeldState, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows at `positions` [n] -> (bias [n, N] additive, the rows that see an image) on the
