@@ -66,6 +66,7 @@ _MODELS: dict[str, ModelEntry] = {
     "Qwen2_5_VLForConditionalGeneration": ModelEntry(
         "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
     ),
+    "Idefics2ForConditionalGeneration": ModelEntry("idefics2", "Idefics2ForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ModelEntry("idefics3", "Idefics3ForConditionalGeneration"),
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"

@@ -135,3 +135,13 @@ def test_no_prefix_hit_inside_a_prompt_and_preemption(family_setup):
         assert all(start == 0 or start >= sizes[rid] for rid, start, _ in steps)
     finally:
         llm.close()
+
+
+def test_a_backend_without_bidirectional_prompts_refuses_it(family_setup, monkeypatch):
+    from pytgi.backends.cpu.attention import CpuAttentionBackend
+    from pytgi.errors import ModelLoadError
+
+    model_dir, _, _ = family_setup("paligemma")
+    monkeypatch.setattr(CpuAttentionBackend, "supports_bidirectional_prompt", False)
+    with pytest.raises(ModelLoadError, match="bidirectional prompt attention .prefix-LM. is not"):
+        LLM(str(model_dir), block_size=4, num_blocks=64)

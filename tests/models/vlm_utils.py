@@ -61,6 +61,11 @@ def hf_greedy(
     if images and inputs is None:
         for name in images[0].features:
             arrays = [i.features[name] for i in images]
+            if hf.config.model_type == "idefics2":  # images of a sample padded to the largest
+                h, w = max(a.shape[-2] for a in arrays), max(a.shape[-1] for a in arrays)
+                pads = [[(0, 0)] * (a.ndim - 2) + [(0, h - a.shape[-2]), (0, w - a.shape[-1])]
+                        for a in arrays]  # fmt: skip
+                arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
             if arrays[0].ndim == 5:  # Llava-Next tiles [1, P, C, S, S]: padded to the most P
                 most = max(a.shape[1] for a in arrays)
                 pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
@@ -69,6 +74,8 @@ def hf_greedy(
         tiles_per_sample = hf.config.model_type in ("idefics2", "idefics3")
         if kwargs["pixel_values"].dim() == 4 and tiles_per_sample:  # one sample of n tiles
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
+            if "pixel_attention_mask" in kwargs:  # [n, H, W] -> [1, n, H, W]
+                kwargs["pixel_attention_mask"] = kwargs["pixel_attention_mask"].unsqueeze(0)
     out = hf.generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),

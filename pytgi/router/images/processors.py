@@ -201,6 +201,41 @@ class PaliGemmaProcessing(FamilyProcessor):
         return text[:at] + self.bos_token + text[at:] + "\n"
 
 
+class Idefics2Processing(FamilyProcessor):
+    """Idefics 2: the image resized (shortest / longest edge) and, with `do_image_splitting`,
+    split into its four quarters plus the whole image; each of those is a run of
+    `resampler_n_latents` <image> tokens between <fake_token_around_image> markers, two markers
+    in a row merged into one (Idefics2Processor's prompt). A run keeps its pixels and pixel mask
+    (the processor pads every image of a call to the largest)."""
+
+    image_token = "<image>"
+    fake_token = "<fake_token_around_image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        if token_to_id(self.fake_token) is None:
+            raise ModelLoadError(f"the tokenizer has no {self.fake_token!r} token")
+        self.image_seq_len = int(hf_config.perceiver_config.resampler_n_latents)
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[[image]], return_tensors="np", input_data_format="channels_last"
+        )
+        pixels = np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32)  # [n, 3, H, W]
+        masks = out.get("pixel_attention_mask")
+        masks = np.ones((pixels.shape[0], *pixels.shape[-2:]), np.int64) if masks is None else (
+            np.asarray(masks[0], dtype=np.int64))  # [n, H, W]  # fmt: skip
+        runs = [
+            {"pixel_values": pixels[i : i + 1], "pixel_attention_mask": masks[i : i + 1]}
+            for i in range(pixels.shape[0])
+        ]
+        one = self.fake_token + self.image_token * self.image_seq_len + self.fake_token
+        return ProcessorOutput(runs, [self.image_seq_len] * len(runs), one * len(runs))
+
+    def layout(self, text: str) -> str:
+        return text.replace(self.fake_token * 2, self.fake_token)
+
+
 class Llama4Processing(FamilyProcessor):
     """Llama 4: the image on a canvas of up to `max_patches` tiles plus a global tile
     (router/images/llama4.py), each tile a run of <|patch|> tokens in Llama4Processor's layout."""
@@ -260,6 +295,7 @@ def _first(value) -> int:
 PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "qwen2_vl": Qwen2VLProcessing,
     "qwen2_5_vl": Qwen2VLProcessing,
+    "idefics2": Idefics2Processing,
     "idefics3": Idefics3Processing,
     "llava_next": LlavaNextProcessing,
     "paligemma": PaliGemmaProcessing,
