@@ -20,6 +20,7 @@ Arguments (`key=value` after the import path, all optional):
   num_cpus, num_gpus  Ray resources per replica; default 1 and 0
   serve_args          `pytgi serve` flags for every replica, as one shell-quoted string
                       (the replica sets --hostname, --port and --prometheus-port itself)
+  startup_timeout_s   how long a replica waits for its server's /health; default 600
 """
 
 from __future__ import annotations
