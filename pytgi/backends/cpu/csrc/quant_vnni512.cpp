@@ -1,5 +1,6 @@
-// The multi-row 4-bit kernel of the AVX-512 VNNI table: int8 activations times 4-bit codes
-// (kInt4, symmetric or affine) on zmm vpdpbusd, two 8-column groups at once.
+// The zmm passes of the AVX-512 VNNI table: int8 activations times 4-bit codes (kInt4, symmetric
+// or affine) or 8-bit codes (kInt8 with one scale per 32, 64 or column; affine or not) on zmm
+// vpdpbusd, two 8-column groups at once. Other formats keep the ymm passes.
 //
 // The packed layout (quant.h) already interleaves the rows of a weight for this: each 32-byte
 // vector of a group's k-block holds one k-quad of 8 output columns (what llama.cpp builds at load
@@ -8,6 +9,8 @@
 // here one zmm register holds the same k-quad of two neighbouring groups (16 columns), so each
 // broadcast activation quad, each vpdpbusd and each float epilogue serves twice the columns.
 // That is what a batch (16 clients) or a prefill chunk needs, where the pass is compute bound.
+// 8-bit codes run as unsigned bytes w + 128 (as VnniDot in quant_vnni_i8.cpp), their chain
+// started at -128 x sum(x).
 //
 // Results equal the ymm passes' (and quant_scalar.cpp's) bit for bit: the integer dot products
 // are exact whatever the grouping (the symmetric offset, -8 x sum(x), starts the low-nibble
@@ -113,13 +116,73 @@ void int4_pair_pass(const avx2::GroupView& a, const avx2::GroupView& b, const Ro
   for (int r = 0; r < R; ++r) out[r] = acc[r];
 }
 
+// 8-bit codes, one scale row per block (not the 16-wide halves): (w + 128) x, two chains per row
+// (even and odd k-quads) to hide vpdpbusd's latency.
+template <int R, bool HALF, bool MINS>
+void int8_pair_pass(const avx2::GroupView& a, const avx2::GroupView& b, const Rows& x,
+                    __m512* out) {
+  const int64_t kblocks = a.kblocks, mul = a.row_mul, shift = a.row_shift;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    const uint8_t *c0 = a.codes + kb * 256, *c1 = b.codes + kb * 256;
+    if constexpr (R <= 2) {
+      for (int64_t line = 0; line < 256; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(c0 + avx2::kPrefetchBytes + line), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c1 + avx2::kPrefetchBytes + line), _MM_HINT_T0);
+      }
+    }
+    __m512i even[R], odd[R];
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm512_set1_epi32(-128 * x.sum[r][kb]);
+      odd[r] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int qd = 0; qd < 8; ++qd) {
+      const __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c0 + qd * 32));
+      const __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c1 + qd * 32));
+      const __m512i codes =
+          _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1), flip);
+      for (int r = 0; r < R; ++r) {
+        const __m512i xq = quad512(x.q[r], kb * kKBlock + qd * 4);
+        if (qd % 2 == 0) {
+          even[r] = _mm512_dpbusd_epi32(even[r], codes, xq);
+          keep(even[r]);
+        } else {
+          odd[r] = _mm512_dpbusd_epi32(odd[r], codes, xq);
+          keep(odd[r]);
+        }
+      }
+    }
+    const int64_t row = (kb * mul) >> shift;
+    const __m512 ws = load_pair_row<HALF>(a.scales, b.scales, row);
+    for (int r = 0; r < R; ++r) {
+      const __m512i d = _mm512_add_epi32(even[r], odd[r]);
+      const __m512 dx = _mm512_set1_ps(x.scale[r][kb]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws, dx), acc[r]);
+      if constexpr (MINS) {
+        const __m512 wm = load_pair_row<HALF>(a.mins, b.mins, row);
+        acc[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x.scaled_sum[r][kSums * kb]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = acc[r];
+}
+
 using PairPass = void (*)(const avx2::GroupView&, const avx2::GroupView&, const Rows&, __m512*);
 
+// The pass for w's format, or null where the ymm passes stay (table codes, fp8, 16-wide scales).
 template <int R>
 PairPass pick(const Matrix& w) {
-  const bool mins = w.mins != nullptr;
-  if (w.half_scales) return mins ? int4_pair_pass<R, true, true> : int4_pair_pass<R, true, false>;
-  return mins ? int4_pair_pass<R, false, true> : int4_pair_pass<R, false, false>;
+  const bool mins = w.mins != nullptr, half = w.half_scales;
+  if (w.format == kInt4) {
+    if (half) return mins ? int4_pair_pass<R, true, true> : int4_pair_pass<R, true, false>;
+    return mins ? int4_pair_pass<R, false, true> : int4_pair_pass<R, false, false>;
+  }
+  if (w.format != kInt8 || w.scale_block == 16) return nullptr;
+  if (half) return mins ? int8_pair_pass<R, true, true> : int8_pair_pass<R, true, false>;
+  return mins ? int8_pair_pass<R, false, true> : int8_pair_pass<R, false, false>;
 }
 
 // acc[r] (+ bias, or + 0: the ymm passes' store adds a zero vector too) -> y's 16 columns from
@@ -137,11 +200,11 @@ void store_pair(const __m512* acc, int rows, float* y, int64_t ys, int64_t c0, i
 }  // namespace
 }  // namespace vnni512
 
-int64_t vnni512_gemm_i4(const Matrix& w, const Acts& a, int64_t rows, int64_t g0, int64_t g1,
-                        float* y, int64_t ys, const float* bias) {
+int64_t vnni512_gemm_pairs(const Matrix& w, const Acts& a, int64_t rows, int64_t g0,
+                           int64_t g1, float* y, int64_t ys, const float* bias) {
   using namespace vnni512;
-  if (w.format != kInt4) return g0;
   const PairPass passes[kMaxRows] = {pick<1>(w), pick<2>(w), pick<3>(w), pick<4>(w)};
+  if (passes[0] == nullptr) return g0;
   const int64_t kbn = a.kblocks, end = g0 + (g1 - g0) / 2 * 2;
   for (int64_t g = g0; g < end; g += 2) {
     const avx2::GroupView va = avx2::view_of(w, g), vb = avx2::view_of(w, g + 1);
@@ -171,8 +234,8 @@ int64_t vnni512_gemm_i4(const Matrix& w, const Acts& a, int64_t rows, int64_t g0
 
 namespace pytgi {
 namespace quant {
-int64_t vnni512_gemm_i4(const Matrix&, const Acts&, int64_t, int64_t g0, int64_t, float*, int64_t,
-                        const float*) {
+int64_t vnni512_gemm_pairs(const Matrix&, const Acts&, int64_t, int64_t g0, int64_t, float*,
+                           int64_t, const float*) {
   return g0;
 }
 }  // namespace quant
