@@ -20,7 +20,8 @@ For each model x type and round, the two systems alternate (llama.cpp first in e
 - engine: `pytgi bench --workload decode1` (the first 128 decoded tokens after a 32-token prompt,
   as tg128) with its roofline fraction;
 - HTTP (`pytgi bench --url`, completions API, EOS ignored), llama-server `-t 2 -tb 2 -np 16
-  -c 16384` (default batch sizes and flash attention) against `pytgi serve --num-threads 2`:
+  -c 16384` (default batch sizes and flash attention) against `pytgi serve --num-threads 2
+  --max-batch-total-tokens 16384` (the same KV capacity):
   batch 1 (32 in, 128 out), 16 clients (256 in, 128 out: output tok/s, TTFT p50), a 512-token
   prefill (TTFT p50 of 1-token requests), and each server process's resident memory (VmRSS and
   VmHWM) after its load.
@@ -52,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's pytgi (the servers get it through PYTHONPATH)
 HOME_LLAMA = Path.home() / ".cache" / "llama.cpp"
 OTHERS_FLAG_CORES = 0.1
+# both servers' KV cache capacity in tokens (llama-server -c, pytgi --max-batch-total-tokens)
+KV_TOKENS = 16384
 TYPES = ("Q8_0", "Q4_0", "Q4_K_M")
 LLAMA_1B = dict(
     hidden_size=2048,
@@ -313,12 +316,14 @@ def make_llama1b(target: Path, tokenizer_dir: Path) -> None:
 def prepare_models(plan: Plan, tools: Tools, models_dir: Path, logs: Path) -> dict:
     """(model, type) -> GGUF file, each made once."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    files, quantize = {}, tools.exe("llama-quantize")
+    files = {}
     wanted = {m for m, _ in plan.cases}
     if "smollm2" in wanted or "llama1b" in wanted:
         source = smollm2_source()
     for model, qtype in plan.cases:
         out = models_dir / f"{model}-{qtype}.gguf"
+        if model == "smollm2" and qtype == "Q4_1":
+            out = source  # the file as shipped (no llama-quantize needed: smoke tests)
         files[(model, qtype)] = out
         if out.is_file():
             continue
@@ -337,8 +342,8 @@ def prepare_models(plan: Plan, tools: Tools, models_dir: Path, logs: Path) -> di
                     logs / "convert-llama1b.log", timeout=3600)  # fmt: skip
                 os.replace(tmp, base)
         tmp = out.with_suffix(".partial")
-        run([quantize, *extra, base, tmp, qtype, "2"], logs / f"quantize-{out.stem}.log",
-            timeout=3600)  # fmt: skip
+        log = logs / f"quantize-{out.stem}.log"
+        run([tools.exe("llama-quantize"), *extra, base, tmp, qtype, "2"], log, timeout=3600)
         os.replace(tmp, out)
     return files
 
@@ -410,11 +415,12 @@ def start_server(kind: str, tools: Tools, gguf: Path, threads: int, log: Path,
     port = free_port()
     if kind == "llama":
         cmd = [tools.exe("llama-server"), "-m", gguf, "--host", "127.0.0.1", "--port", port,
-               "-t", threads, "-tb", threads, "-np", 16, "-c", 16384]  # fmt: skip
+               "-t", threads, "-tb", threads, "-np", 16, "-c", KV_TOKENS]  # fmt: skip
         env = None
     else:
         cmd = [sys.executable, "-m", "pytgi", "serve", "--model-id", gguf, "--hostname",
-               "127.0.0.1", "--port", port, "--num-threads", threads]  # fmt: skip
+               "127.0.0.1", "--port", port, "--num-threads", threads,
+               "--max-batch-total-tokens", KV_TOKENS]  # fmt: skip
         env = _pytgi_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     print("  $", " ".join(map(str, cmd)), flush=True)
@@ -536,8 +542,10 @@ def report(results: dict) -> str:
         "",
         f"Run {results['started_at']}, {results['plan_name']} plan, threads {results['threads']};"
         " llama-server `-t 2 -tb 2 -np 16 -c 16384` (default batch sizes, flash attention "
-        "default), pytgi `serve --num-threads 2`; engine step over the first "
-        f"{results['plan']['output_tokens']} decoded tokens after a 32-token prompt. Each cell "
+        "default), pytgi `serve --num-threads 2 --max-batch-total-tokens 16384` (the same KV "
+        "capacity); engine: `pytgi bench --workload decode1` (the first 128 decoded tokens after "
+        "a 32-token prompt) against llama-bench tg; HTTP requests generate "
+        f"{results['plan']['output_tokens']} tokens. Each cell "
         "lists the rounds; ⚠: other processes used more than 0.1 core during that measurement "
         "(results.json has every value).",
         "",
@@ -595,8 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="tiny: SmolLM2 Q8_0, few tokens")
     parser.add_argument("--rounds", type=int, help="override the plan's rounds")
     parser.add_argument("--models", help="comma-separated subset of smollm2,llama1b")
-    parser.add_argument("--types", help="comma-separated subset of Q8_0,Q4_0,Q4_K_M")
+    parser.add_argument(
+        "--types", help="comma-separated: Q8_0, Q4_0, Q4_K_M (Q4_1: smollm2's file as shipped)"
+    )
     parser.add_argument("--measures", help="comma-separated subset of anchor,engine,http")
+    parser.add_argument("--systems", default="llama,pytgi", help="llama,pytgi or one of them")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-bin", type=Path, default=HOME_LLAMA / "build" / "bin")
     parser.add_argument("--llama-src", type=Path, default=HOME_LLAMA / "src")
@@ -610,8 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = plan.cases
     if args.models:
         cases = tuple(c for c in cases if c[0] in args.models.split(","))
-    if args.types:
-        cases = tuple(c for c in cases if c[1] in args.types.split(","))
+    if args.types:  # the plan's models in these types
+        models = dict.fromkeys(m for m, _ in cases)
+        cases = _cases(models, args.types.split(","))
     measures = tuple(args.measures.split(",")) if args.measures else plan.measures
     plan = replace(plan, cases=cases, rounds=args.rounds or plan.rounds, measures=measures)
     out = args.out or ROOT / "bench-results" / time.strftime("issue22-%Y%m%d-%H%M%S")
@@ -642,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         results["cases"].append(case)
         for rnd in range(plan.rounds):
             order = ("llama", "pytgi") if rnd % 2 == 0 else ("pytgi", "llama")
+            order = tuple(k for k in order if k in args.systems.split(","))
             base = out / f"{model}-{qtype}" / f"round{rnd + 1}"
             entry: dict = {"order": list(order)}
             case["rounds"].append(entry)
