@@ -66,6 +66,10 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
     block_size: int
     num_decode_rows: int
+    # [R] int64 host, or None (all 0): row i's first bidirectional_lens[i] positions attend to
+    # each other both ways (a model's bidirectional prompt, PaliGemma's prefix-LM); such a row
+    # starts at position 0 and holds at least that many queries (the scheduler's invariant)
+    bidirectional_lens: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -94,6 +98,8 @@ class AttentionParams:
     scale: float
     head_size_v: int | None = None  # None: the same as head_size
     sliding_window: int | None = None  # a query at p sees keys p - W < pos <= p
+    # chunked attention (Llama 4): a query at p sees keys p // C * C <= pos <= p (its own chunk)
+    attention_chunk_size: int | None = None
     logits_soft_cap: float | None = None  # scores -> cap * tanh(scores / cap)
     alibi_slopes: tuple[float, ...] | None = None  # one per query head
     kv_cache_dtype: torch.dtype | None = None  # None: the model dtype
@@ -102,18 +108,30 @@ class AttentionParams:
     def v_size(self) -> int:
         return self.head_size if self.head_size_v is None else self.head_size_v
 
+    @property
+    def visibility(self) -> tuple[int | None, int | None]:
+        """(sliding window, attention chunk): which earlier keys a query sees."""
+        return self.sliding_window, self.attention_chunk_size
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
     """One layer's KV cache per token: what the runner sizes and allocates. A full-attention
     layer keeps every position; a sliding-window layer only needs the last `sliding_window`; a
-    latent (MLA) cache holds one vector per token (`head_size_v == 0`)."""
+    latent (MLA) cache holds one vector per token (`head_size_v == 0`). A chunked-attention layer
+    (`attention_chunk_size`) reads only its query's chunk but keeps a full layer's cache: the
+    engine frees blocks only below every layer's sliding window (docs/KV_CACHE.md)."""
 
     num_kv_heads: int
     head_size: int
     head_size_v: int
     dtype: torch.dtype
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+    @property
+    def visibility(self) -> tuple[int | None, int | None]:
+        return self.sliding_window, self.attention_chunk_size
 
     @property
     def bytes_per_token(self) -> int:
@@ -144,6 +162,7 @@ def kv_cache_spec(params: AttentionParams, model_dtype: torch.dtype) -> KVCacheS
         head_size_v=params.v_size,
         dtype=params.kv_cache_dtype or model_dtype,
         sliding_window=params.sliding_window,
+        attention_chunk_size=params.attention_chunk_size,
     )
 
 
@@ -176,6 +195,8 @@ class AttentionMetadataBuilder(ABC):
 
 class AttentionBackend(ABC):
     name: str
+    # honours AttentionBatch.bidirectional_lens (a model that needs it is refused otherwise)
+    supports_bidirectional_prompt: bool = False
 
     @abstractmethod
     def make_impl(self, params: AttentionParams) -> AttentionImpl:

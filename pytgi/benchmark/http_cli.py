@@ -119,6 +119,11 @@ FLAG_GROUPS: dict[str, tuple[Flag, ...]] = {
 }  # fmt: skip
 
 
+def declared_flags() -> frozenset[str]:
+    """The flag names `add_http_bench_args` declares (each with argparse's default dest)."""
+    return frozenset(flag.name for flags in FLAG_GROUPS.values() for flag in flags)
+
+
 def add_http_bench_args(parser: argparse.ArgumentParser) -> None:
     """Declare the `pytgi bench` flags (`--url` is optional here: `--model-id` is the other way)."""
     for title, flags in FLAG_GROUPS.items():

@@ -19,7 +19,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     from pytgi.benchmark.engine.cli import add_engine_bench_args
 
     http_cli.add_http_bench_args(parser)
-    add_engine_bench_args(parser)
+    add_engine_bench_args(parser, http_cli.declared_flags())
 
 
 def run_bench(args: argparse.Namespace) -> int:

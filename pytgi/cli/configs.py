@@ -27,7 +27,7 @@ from pytgi.config import (
     parse_lora_adapters,
 )
 from pytgi.errors import ConfigError
-from pytgi.layers.quantization.activations import activations_for
+from pytgi.layers.quantization.activations import CUDA_QUANTIZE, activations_for
 from pytgi.router.images.config import ImageConfig
 
 logger = logging.getLogger(__name__)
@@ -75,9 +75,9 @@ def rope_override(kind: str | None, factor: float | None) -> tuple[str, float] |
 def check_quantize(
     quantize: str | None, dtype: str | None, platform: str = "cpu", activations: str | None = None
 ) -> None:
-    """`--quantize` values pytgi does not run, `--dtype` other than the kernels' float32, and an
-    engine that will not run on the CPU are refused before anything loads (the engine checks
-    again when it builds the model)."""
+    """`--quantize` values pytgi does not run, on CPU a `--dtype` other than the kernels' float32,
+    and on CUDA the methods it has no kernels for (LLM.int8, int8 activations) are refused before
+    anything loads (the engine checks again when it builds the model)."""
     if quantize is None:
         return
     if quantize not in SERVED_QUANTIZE + CHECKPOINT_QUANTIZE:
@@ -86,10 +86,15 @@ def check_quantize(
             f"(supported: {', '.join(SERVED_QUANTIZE + CHECKPOINT_QUANTIZE)})"
         )
     if platform != "cpu":
-        raise ConfigError(
-            f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would run on "
-            f"{platform} (PYTGI_DEVICE=cpu serves it)"
-        )
+        if quantize not in CUDA_QUANTIZE:
+            raise ConfigError(
+                f"--quantize {quantize} runs on pytgi's CPU kernels only, and the engine would "
+                f"run on {platform} (PYTGI_DEVICE=cpu serves it; {platform} serves "
+                f"{', '.join(CUDA_QUANTIZE)})"
+            )
+        if activations not in (None, "fp32"):
+            raise ConfigError(f"--quantize-activations {activations} is CPU only")
+        return
     if dtype not in (None, "float32"):
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "

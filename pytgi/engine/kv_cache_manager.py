@@ -15,6 +15,13 @@ A freed block keeps its prefix-cache entry until the pool hands it out again (wh
 hash), so a later prefix hit reads only blocks whose contents are intact; a hit is a run of blocks
 from the sequence's start, so once an early block is evicted nothing past it matches and the
 prompt is recomputed from there.
+
+Bidirectional prompts (`bidirectional_prompt`, PaliGemma's prefix-LM): every prompt token's K/V
+depends on the whole prompt, so a block inside the prompt is only reusable by a sequence with the
+same whole prompt. A hit is therefore taken only when it covers the prompt entirely (the chain of
+hashes then proves every prompt token equal), and the chain starts from the prompt's length, so
+prompts of different lengths never share a block; a shorter hit is dropped and the prompt is
+computed whole (in practice: a preempted request re-hitting its own prompt and output).
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
+        bidirectional_prompt: bool = False,
     ):
         self.block_size = block_size
         self.sliding_window = sliding_window
+        self.bidirectional_prompt = bidirectional_prompt
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
@@ -70,6 +79,8 @@ class KVCacheManager:
             if block is None:
                 break
             hit.append(block)
+        if self.bidirectional_prompt and len(hit) * self.block_size < request.num_prompt_tokens:
+            hit = []  # its K/V saw prompt tokens the hit does not prove equal
         self.num_queried_tokens += request.num_prompt_tokens
         self.num_hit_tokens += len(hit) * self.block_size
         return hit
@@ -147,8 +158,9 @@ class KVCacheManager:
             return hashes
         bs = self.block_size
         for i in range(len(hashes), num_full):
-            # a LoRA adapter changes every layer's K/V: its first block chains from the adapter id
-            parent = hashes[-1] if hashes else _root(request)
+            # a LoRA adapter (or an input every token depends on) changes every layer's K/V: the
+            # first block chains from it
+            parent = hashes[-1] if hashes else _root(request, self.bidirectional_prompt)
             tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
             images = _images_in(request, i * bs, (i + 1) * bs)
             hashes.append(hash_block(parent, tokens + images if images else tokens))
@@ -163,5 +175,13 @@ def _images_in(request: Request, start: int, end: int) -> tuple[str, ...]:
     )
 
 
-def _root(request: Request) -> BlockHash | None:
-    return None if request.adapter_id is None else hash(("lora", request.adapter_id))
+def _root(request: Request, bidirectional_prompt: bool) -> BlockHash | None:
+    """The first block's parent: a LoRA adapter and inputs every token depends on (Mllama's
+    images) change every block's K/V, and so does a bidirectional prompt's length."""
+    whole = tuple(mm.content_hash for mm in request.multimodal_inputs if mm.keys_whole_request)
+    root = None
+    if request.adapter_id is not None or whole:
+        root = hash(("root", request.adapter_id, whole))
+    if bidirectional_prompt:
+        root = hash(("prompt", request.num_prompt_tokens, root))
+    return root

@@ -17,6 +17,10 @@ A request with a grammar waits in `waiting_for_grammar` until its grammar has co
 step loop, `GrammarManager`), then joins `waiting`; one whose grammar fails is finished with a
 grammar error before any token. Its drafts are cut to what its grammar accepts, its sampled rows
 get token masks, and every token appended advances its matcher.
+
+A model that attends bidirectionally over each prompt (PaliGemma) gets its prompts whole: a
+request is admitted only with its whole prompt in the step (`_whole_prompt_left`; past the budget
+only when nothing else runs in the step), so the workers see such a prompt as one fresh row.
 """
 
 from __future__ import annotations
@@ -169,9 +173,17 @@ class Scheduler:
             cached = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             num_cached = len(cached) * self.kv.block_size
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
-            if num_new > budget and not self.config.enable_chunked_prefill:
+            whole = self._whole_prompt_left(request, num_cached)
+            if whole:
+                # over the budget only alone in the step (a prompt longer than the budget)
+                alone = budget == self.config.max_batch_prefill_tokens
+                if whole > budget and not alone:
+                    break
+                num_new = max(min(num_new, budget), whole)
+            elif num_new > budget and not self.config.enable_chunked_prefill:
                 break
-            num_new = min(num_new, budget)
+            else:
+                num_new = min(num_new, budget)
             if not self.kv.allocate_slots(request, num_new, cached):
                 break
             self.waiting.popleft()
@@ -183,6 +195,16 @@ class Scheduler:
             self.running.append(request)
             self._add(output, request, num_new, [])
             budget -= num_new
+
+    def _whole_prompt_left(self, request: Request, num_cached: int) -> int:
+        """The prompt tokens that must run in this step: with bidirectional prompts (the KV
+        manager's `bidirectional_prompt`, PaliGemma's prefix-LM) a prompt is never chunked, so a
+        request whose prompt is not computed yet runs all of it in its first step (the manager
+        took no prefix hit inside it). 0: the request may be chunked as usual."""
+        computed = request.num_computed_tokens + num_cached
+        if not self.kv.bidirectional_prompt or computed >= request.num_prompt_tokens:
+            return 0
+        return request.num_prompt_tokens - computed
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -31,6 +31,7 @@ class Attention(nn.Module):
         logits_soft_cap: float | None = None,
         alibi_slopes: tuple[float, ...] | None = None,
         head_size_v: int | None = None,
+        attention_chunk_size: int | None = None,
     ):
         super().__init__()
         context = current_build_context()
@@ -42,6 +43,7 @@ class Attention(nn.Module):
             scale=scale,
             head_size_v=head_size_v,
             sliding_window=sliding_window,
+            attention_chunk_size=attention_chunk_size,
             logits_soft_cap=logits_soft_cap,
             alibi_slopes=alibi_slopes,
             kv_cache_dtype=context.kv_cache_dtype,

@@ -37,6 +37,10 @@ class MultimodalInput:
     length: int
     content_hash: str = ""
     features: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # the model's states of every token of the request depend on this input, not only those
+    # from its placeholders on (Mllama: rows before the first image attend over all images), so
+    # the prefix cache keys every block of the request by it
+    keys_whole_request: bool = False
 
     @property
     def end(self) -> int:

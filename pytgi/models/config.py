@@ -144,6 +144,13 @@ class DecoderSpec(ModelSpec):
     mlp_bias: bool = field(default=False, metadata=FEATURE)
     qkv_clip: float | None = field(default=None, metadata=FEATURE)  # DBRX: q/k/v clamped to +-c
     qk_norm: bool = field(default=False, metadata=FEATURE)  # per-head q/k RMSNorm (Qwen3, Gemma 3)
+    # Llama 4: per layer, its attention chunk (None: global); layers without rotary (True); the
+    # weightless L2 norm of q and k after the rotary (rope layers only); the attention
+    # temperature (floor_scale, attn_scale) that scales the queries of the no-rope layers
+    attention_chunk_sizes: tuple[int | None, ...] = field(default=(), metadata=FEATURE)
+    nope_layers: tuple[bool, ...] = field(default=(), metadata=FEATURE)
+    qk_l2_norm: bool = field(default=False, metadata=FEATURE)
+    attn_temperature: tuple[float, float] | None = field(default=None, metadata=FEATURE)
     qkv_checkpoint_layout: QkvLayout = field(default=QkvLayout.CONCAT, metadata=LOAD)
     # mixture-of-experts MLPs (layers/moe/config.py says which layers and how they route)
     moe: MoEConfig | None = field(default=None, metadata=FEATURE)
@@ -172,6 +179,21 @@ class DecoderSpec(ModelSpec):
         layer of a model with a local rope base."""
         local = self.local_rope_theta is not None and self.sliding_window(layer_idx) is not None
         return int(local)
+
+    def attention_chunk_size(self, layer_idx: int) -> int | None:
+        return self.attention_chunk_sizes[layer_idx] if self.attention_chunk_sizes else None
+
+    def is_nope(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` skips the rotary (Llama 4's global layers)."""
+        return self.nope_layers[layer_idx] if self.nope_layers else False
+
+    @property
+    def temperature_table(self) -> int | None:
+        """The index of the attention-temperature row after the rotary tables (cos holds each
+        token's query scale, sin zeros), or None without temperature tuning."""
+        if self.attn_temperature is None:
+            return None
+        return 1 + int(self.local_rope_theta is not None)
 
 
 def read_model_type(model_dir: Path) -> str | None:

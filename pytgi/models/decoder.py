@@ -63,6 +63,7 @@ class DecoderModel(nn.Module):
                 )
                 for base, scaling in bases
             )
+        self.attn_temperature = spec.attn_temperature
         self.layers = DecoderStack(spec, quant_config, prefix="model.layers")
         self.norm = make_norm(spec)
 
@@ -73,10 +74,20 @@ class DecoderModel(nn.Module):
             empty = torch.empty(1, positions.shape[0], 1, 0, dtype=dtype, device=positions.device)
             return empty, empty
         tables = [rope(positions, dtype) for rope in self.rotary_embs]
+        if self.attn_temperature is not None:
+            tables.append(self._temperature(positions, dtype, tables[0][0].shape[-1]))
         if len(tables) == 1:
             cos, sin = tables[0]
             return cos.unsqueeze(0), sin.unsqueeze(0)
         return torch.stack([c for c, _ in tables]), torch.stack([s for _, s in tables])
+
+    def _temperature(self, positions: torch.Tensor, dtype: torch.dtype, width: int):
+        """Llama 4's attention temperature as a table row: cos [T, 1, width] holds each token's
+        query scale 1 + attn_scale * log1p(floor((p + 1) / floor_scale)), sin zeros."""
+        floor_scale, attn_scale = self.attn_temperature
+        scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+        cos = scale.to(dtype).view(-1, 1, 1).expand(-1, 1, width)  # [T, 1, width]
+        return cos, torch.zeros_like(cos)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""

@@ -25,9 +25,9 @@ from pytgi.layers.quantization.base import QuantConfig
 from pytgi.messages.request import MultimodalInput
 from pytgi.models.config import OUTSIDE, DecoderSpec, decoder_spec_from_hf
 from pytgi.models.decoder import LLAMA_PACKED_MODULES, DecoderModel
-from pytgi.models.idefics3 import SiglipLayer
 from pytgi.models.multimodal import MultimodalLM
 from pytgi.models.qwen2_vl import VISION_ACTS
+from pytgi.models.siglip import SiglipLayer
 
 
 @dataclass(frozen=True, kw_only=True)

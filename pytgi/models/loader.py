@@ -233,7 +233,7 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
+def _quant_config(model_config: ModelConfig, dtype: torch.dtype, platform: str):
     if not model_config.quantize:
         return None
     from pytgi.layers.quantization.registry import resolve_quant_config
@@ -244,6 +244,7 @@ def _quant_config(model_config: ModelConfig, dtype: torch.dtype):
         dtype,
         model_config.quantize_activations,
         quantize_lm_head=model_config.quantize_lm_head,
+        platform=platform,
     )
 
 
@@ -269,10 +270,12 @@ class _Checkpoint:
             weights_dir = Path(model_config.weights_dir or model_dir)  # --weights-cache-override
             self.files = list_weight_files(weights_dir, model_config.allow_pickle_weights)
 
-    def quant_config(self, hf_config, dtype: torch.dtype, model_class: type[CausalLM]):
+    def quant_config(
+        self, hf_config, dtype: torch.dtype, model_class: type[CausalLM], platform: str = "cpu"
+    ):
         if self.gguf is None:
-            return self._prequantized_config(dtype, model_class) or _quant_config(
-                self.model_config, dtype
+            return self._prequantized_config(dtype, model_class, platform) or _quant_config(
+                self.model_config, dtype, platform
             )
         from pytgi.layers.quantization.gguf import GGUFQuantConfig
         from pytgi.layers.quantization.registry import activation_policy, check_gguf_options
@@ -282,7 +285,9 @@ class _Checkpoint:
         policy = activation_policy("gguf", self.model_config.quantize_activations)
         return GGUFQuantConfig(types, model_class.packed_modules_mapping, policy)
 
-    def _prequantized_config(self, dtype: torch.dtype, model_class: type[CausalLM]):
+    def _prequantized_config(
+        self, dtype: torch.dtype, model_class: type[CausalLM], platform: str = "cpu"
+    ):
         """The quant config of a checkpoint stored quantized (config.json's
         quantization_config, quantize_config.json, quant_config.json), else None."""
         from pytgi.layers.quantization.detect import read_checkpoint_quant
@@ -294,8 +299,9 @@ class _Checkpoint:
         from pytgi.layers.quantization.registry import check_prequantized_options
 
         policy = check_prequantized_options(
-            quant, self.model_config.quantize, dtype, self.model_config.quantize_activations
-        )
+            quant, self.model_config.quantize, dtype, self.model_config.quantize_activations,
+            platform,
+        )  # fmt: skip
         self.prequantized, config = prequantized_setup(
             quant, self._file_names(), model_class, policy
         )
@@ -355,12 +361,7 @@ def build_model(
     if checkpoint.gguf is not None and context.platform_name != "cpu":
         checkpoint.close()
         raise ConfigError(gguf_platform_error(context.platform_name))
-    quant_config = checkpoint.quant_config(hf_config, dtype, model_class)
-    if quant_config is not None and context.platform_name != "cpu":
-        raise ConfigError(
-            f"{quant_config.name} weights run on pytgi's CPU kernels only, and this engine runs "
-            f"on {context.platform_name} (PYTGI_DEVICE=cpu serves them)"
-        )
+    quant_config = checkpoint.quant_config(hf_config, dtype, model_class, context.platform_name)
     with _default_dtype(dtype), torch.device(device), build_context(context):
         model = model_class(spec, quant_config)
     check_checkpoint_names(model, checkpoint.names())  # a missing tensor: refused before reading

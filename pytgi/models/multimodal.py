@@ -22,6 +22,13 @@ from pytgi.models.base import CausalLM
 
 class MultimodalLM(CausalLM):
     uses_mrope: bool = False
+    # images reach the language model through cross-attention layers (Mllama), not merged
+    # embeddings: the runner passes `forward(..., cross_attention=CrossAttentionBatch)` instead
+    uses_cross_attention: bool = False
+    # every prompt token attends to every other prompt token, generated tokens causally
+    # (PaliGemma's prefix-LM): the scheduler runs prompts whole, the runner marks their rows
+    bidirectional_prompt: bool = False
+    position_offset: int = 0  # the rotary position of token index i is i + position_offset
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] -> token embeddings [T, hidden], as the language model scales them (the

@@ -58,6 +58,7 @@ _MODELS: dict[str, ModelEntry] = {
     "DbrxForCausalLM": ModelEntry("moe_families", "DbrxForCausalLM"),
     "DeepseekV2ForCausalLM": ModelEntry("deepseek", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ModelEntry("deepseek", "DeepseekV3ForCausalLM"),
+    "Llama4ForCausalLM": ModelEntry("llama4", "Llama4ForCausalLM"),  # text-only checkpoints
     "BaichuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # 13B: ALiBi
     "BaiChuanForCausalLM": ModelEntry("baichuan", "BaichuanForCausalLM"),  # Baichuan-7B
     # vision-language models (models/multimodal.py)
@@ -65,10 +66,16 @@ _MODELS: dict[str, ModelEntry] = {
     "Qwen2_5_VLForConditionalGeneration": ModelEntry(
         "qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"
     ),
+    "Idefics2ForConditionalGeneration": ModelEntry("idefics2", "Idefics2ForConditionalGeneration"),
     "Idefics3ForConditionalGeneration": ModelEntry("idefics3", "Idefics3ForConditionalGeneration"),
     "LlavaNextForConditionalGeneration": ModelEntry(
         "llava_next", "LlavaNextForConditionalGeneration"
     ),
+    "PaliGemmaForConditionalGeneration": ModelEntry(
+        "paligemma", "PaliGemmaForConditionalGeneration"
+    ),
+    "Llama4ForConditionalGeneration": ModelEntry("llama4", "Llama4ForConditionalGeneration"),
+    "MllamaForConditionalGeneration": ModelEntry("mllama", "MllamaForConditionalGeneration"),
 }
 
 

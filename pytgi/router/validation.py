@@ -141,6 +141,14 @@ class Validator:
         multimodal: tuple[MultimodalInput, ...] = ()
         if self.images is not None and has_markdown_image(inputs):
             ids, multimodal = await self._encode_with_images(inputs, truncate, add_special_tokens)
+        elif self.images is not None and self.images.lays_out_prompt:  # PaliGemma, text only
+            text, _ = await self.images.expand(inputs)
+            ids = await self.encode_prompt(
+                text,
+                truncate,
+                params.max_new_tokens,
+                add_special_tokens=self.images.add_special_tokens(add_special_tokens),
+            )
         else:
             ids = await self.encode_prompt(
                 inputs, truncate, params.max_new_tokens, add_special_tokens=add_special_tokens
@@ -175,6 +183,7 @@ class Validator:
         placeholder tokens, counted in the prompt's length) and where each image sits; a
         truncation that cuts an image is refused."""
         text, images = await self.images.expand(inputs)
+        add_special_tokens = self.images.add_special_tokens(add_special_tokens)
         ids = (await self._tokenize(self.tokenizer.encode, text, add_special_tokens)).ids
         if truncate is not None and len(ids) > truncate:
             ids = ids[-truncate:]

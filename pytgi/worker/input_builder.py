@@ -13,6 +13,7 @@ sample and to report prompt logprobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,8 @@ class ForwardInputs:
     # vision-language model's input embeddings [T, hidden] with its images merged
     flat_starts: dict[str, int] = field(default_factory=dict)
     inputs_embeds: torch.Tensor | None = None
+    # a cross-attention model's (Mllama) rows with images: models/mllama.CrossAttentionBatch
+    cross_attention: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -98,6 +101,8 @@ class InputBuilder:
         self.block_size = block_size
         self.buffers = StagingBuffers(device or torch.device("cpu"))
         self.lora_slots: dict[str, int] = {}  # adapter id -> slot (set once adapters are loaded)
+        # the model attends bidirectionally over each prompt: a row from position 0 says how far
+        self.bidirectional_prompt = False
 
     def build(
         self, scheduler_output: SchedulerOutput, states: RequestStates
@@ -140,6 +145,7 @@ class InputBuilder:
             slot_mapping=b.to_device("slot_mapping", num_tokens),
             block_size=bs,
             num_decode_rows=int((counts == 1).sum()),
+            bidirectional_lens=self._bidirectional_lens(row_states, starts),
         )
         logits_indices, plan = self._plan(requests, states, flat_start)
         adapter_slots = self._adapter_slots(row_states, row_of_token)
@@ -155,6 +161,15 @@ class InputBuilder:
             flat_starts=flat_start,
         )
         return inputs, plan
+
+    def _bidirectional_lens(self, row_states, starts: np.ndarray) -> torch.Tensor | None:
+        """[R]: a row from position 0 opens its prompt both ways; None: no such row. The scheduler
+        schedules a bidirectional prompt whole, so no row starts inside one."""
+        if not self.bidirectional_prompt or starts.all():
+            return None
+        pairs = zip(row_states, starts.tolist(), strict=True)
+        lens = [s.num_prompt_tokens if start == 0 else 0 for s, start in pairs]
+        return torch.tensor(lens, dtype=torch.int64)
 
     def _adapter_slots(self, row_states, row_of_token: np.ndarray) -> torch.Tensor | None:
         """Each token's adapter slot [T]; an id no adapter has (never sent by the router for

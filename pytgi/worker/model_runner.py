@@ -145,7 +145,20 @@ class ModelRunner:
                 f"{self.spec.architecture} runs on one shard only (got --num-shard "
                 f"{self.tp.world_size})"
             )
+        if self.model.bidirectional_prompt:
+            if not self.attention.supports_bidirectional_prompt:
+                raise ModelLoadError(
+                    f"{self.spec.architecture}'s bidirectional prompt attention (prefix-LM) is "
+                    f"not implemented by the {self.attention.name} attention backend"
+                )
+            self.input_builder.bidirectional_prompt = True
         self.accelerator = None
+        if self.model.uses_cross_attention:
+            from pytgi.worker.cross_attention import CrossAttentionStep
+
+            self.multimodal = CrossAttentionStep(self.model)
+            logger.info("multimodal model: its cross-attention layers attend to the images")
+            return
         self.multimodal = MultimodalStep(self.model)
         logger.info("multimodal model: images are encoded by its vision tower")
 
@@ -163,6 +176,10 @@ class ModelRunner:
         if not windows or None in windows:
             return None
         return max(windows)
+
+    @property
+    def bidirectional_prompt(self) -> bool:
+        return self.input_builder.bidirectional_prompt
 
     @property
     def bytes_per_block(self) -> int:
@@ -343,6 +360,9 @@ class ModelRunner:
         mm = self.multimodal
         if mm is None:
             return
+        if self.model.uses_cross_attention:
+            inputs.cross_attention = mm.batch(scheduler_output, self.states, inputs.flat_starts)
+            return
         slices = mm.slices(scheduler_output, self.states, inputs.flat_starts)
         inputs.inputs_embeds = mm.embeddings(inputs.input_ids, slices)
         if self.model.uses_mrope:
@@ -354,6 +374,7 @@ class ModelRunner:
 
     def _hidden(self, inputs: ForwardInputs) -> torch.Tensor:
         longest = int(inputs.attn.seq_lens.max())  # host tensor: no device sync
+        longest += getattr(self.model, "position_offset", 0)  # PaliGemma's rotary counts from 1
         grown = [table.reserve(longest) for table in self.rotary_tables]
         lora = None
         if inputs.adapter_slots is not None:
@@ -372,14 +393,18 @@ class ModelRunner:
         if accelerator is not None:
             fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
         return self._forward_with(
-            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds, lora
-        )
+            inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds, lora,
+            inputs.cross_attention,
+        )  # fmt: skip
 
     def _forward_with(
-        self, input_ids, positions, metadata, fused=None, inputs_embeds=None, lora=None
-    ) -> torch.Tensor:
+        self, input_ids, positions, metadata, fused=None, inputs_embeds=None, lora=None,
+        cross_attention=None,
+    ) -> torch.Tensor:  # fmt: skip
         """The model's forward over this runner's KV caches: hidden [T, hidden]."""
         with forward_context(metadata, self.kv_caches, fused, lora):
+            if cross_attention is not None:  # Mllama: the step's rows with images
+                return self.model(input_ids, positions, cross_attention=cross_attention)
             if inputs_embeds is not None:  # a multimodal step: image embeddings merged in
                 return self.model(input_ids, positions, inputs_embeds=inputs_embeds)
             return self.model(input_ids, positions)

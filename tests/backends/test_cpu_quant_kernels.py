@@ -7,6 +7,8 @@ torch path matches both; layouts round-trip; bad arguments are errors, never cra
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -211,7 +213,10 @@ def test_vnni_is_what_auto_picks_and_can_be_forced(ops, vnni):
         assert platform.quant_isa == isa
         y = platform.quant_ops(torch.float32).linear(x, w, None, True)
         assert torch.equal(y, ops.quant_linear(x, *w.kernel_args(), None, True, isa=isa))
-    assert CpuPlatform(DeviceConfig()).quant_isa == vnni
+    platform = CpuPlatform(DeviceConfig())
+    assert platform.quant_isa == vnni
+    with pytest.raises(dataclasses.FrozenInstanceError):  # chosen once, at start-up
+        platform.quant_isa = "avx2"
     assert ops.quant_isa() == vnni
     with pytest.raises(ConfigError, match="avx9000 quant kernels are not available"):
         CpuPlatform(DeviceConfig(quant_isa="avx9000"))

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from pytgi.benchmark.engine.cli import add_engine_bench_args, engine_value, select_workloads
+from pytgi.benchmark import http_cli
+from pytgi.benchmark.engine.cli import (
+    ENGINE_OPTIONS,
+    add_engine_bench_args,
+    bench_options,
+    engine_value,
+    select_workloads,
+)
 from pytgi.cli import bench
 from pytgi.cli.main import build_parser, main
 
@@ -46,13 +53,27 @@ def test_bad_values_are_rejected(argv, capsys):
 
 def test_existing_options_are_reused_not_redeclared():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--output", dest="report_file")
+    parser.add_argument("--output")
     parser.add_argument("--seed", type=int, default=5)
-    add_engine_bench_args(parser)
+    add_engine_bench_args(parser, frozenset({"--output", "--seed"}))
     args = parser.parse_args(["--output", "r.json", "--model-id", "m"])
     assert engine_value(args, "output") == "r.json"
     assert engine_value(args, "seed") == 5
     assert engine_value(args, "markdown") is None
+
+
+def test_the_http_flags_the_engine_shares_are_declared_once():
+    """Every flag both benchmarks take is the HTTP side's, under the same dest."""
+    shared = http_cli.declared_flags() & {name for name, _ in ENGINE_OPTIONS}
+    assert "--seed" in shared
+    args = parse("--model-id", "m", "--seed", "7", "--quantize", "eetq")
+    assert engine_value(args, "seed") == 7 and engine_value(args, "quantize") == "eetq"
+
+
+def test_quantized_engine_options_reach_the_bench():
+    args = parse("--model-id", "m", "--quantize", "eetq", "--quantize-activations", "int8")
+    options = bench_options(args)
+    assert (options.quantize, options.quantize_activations) == ("eetq", "int8")
 
 
 def test_dispatch_needs_a_target(capsys):

@@ -62,9 +62,10 @@ def test_launcher_start_up_errors(flags, message, capsys):
 
 def test_quantize_is_refused_when_the_engine_would_run_on_cuda(capsys, monkeypatch):
     monkeypatch.setenv("PYTGI_DEVICE", "cuda")
-    assert launcher_main(["--quantize", "eetq"]) == 1
-    assert ("--quantize eetq runs on pytgi's CPU kernels only, and the engine would run on cuda "
-            "(PYTGI_DEVICE=cpu serves it)") in capsys.readouterr().err  # fmt: skip
+    assert launcher_main(["--quantize", "bitsandbytes"]) == 1
+    assert ("--quantize bitsandbytes runs on pytgi's CPU kernels only, and the engine would run "
+            "on cuda (PYTGI_DEVICE=cpu serves it; cuda serves gptq, awq, compressed-tensors, fp8, "
+            "eetq, bitsandbytes-nf4, bitsandbytes-fp4)") in capsys.readouterr().err  # fmt: skip
 
 
 def test_missing_model_directory_is_a_clear_error(capsys, tmp_path):

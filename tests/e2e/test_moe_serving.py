@@ -1,8 +1,9 @@
 """The real server on tiny mixture-of-experts checkpoints (Mixtral; DeepSeek-V3 with latent
-attention and its latent cache): served natively (`/info` names the
+attention and its latent cache; Llama 4's text model): served natively (`/info` names the
 architecture, the log the native implementation), greedy tokens through TGI's client equal
 transformers' generate in one continuous batch, on one rank and with DeepSeek's experts and
-latent-attention heads sharded over two ranks (each rank holds its slice of every expert)."""
+latent-attention heads (and Llama 4's) sharded over two ranks (each rank holds its slice of
+every expert)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ CASES = {
     "mixtral": ("mixtral", "MixtralForCausalLM", ()),
     "mixtral-gguf": ("mixtral", "MixtralForCausalLM", ()),  # llama.cpp's stacked-expert file
     "deepseek_v3-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
+    # chunked attention, no-rope layers, sigmoid router; heads and experts over two ranks
+    "llama4-tp2": ("llama4", "Llama4ForCausalLM", ("--num-shard", "2")),
 }
 
 

@@ -25,8 +25,8 @@ def test_narrow_caches_are_batch_and_phase_invariant(kv_cache_dtype, tiny_llama_
     check_batch_invariance(str(tiny_llama_dir), prompts, False, kv_cache_dtype=kv_cache_dtype)
 
 
-def greedy(model_dir, kv_cache_dtype, ids, new_tokens=64):
-    llm = LLM(str(model_dir), num_blocks=64, kv_cache_dtype=kv_cache_dtype)
+def greedy(model_dir, kv_cache_dtype, ids, new_tokens=64, **engine_options):
+    llm = LLM(str(model_dir), num_blocks=64, kv_cache_dtype=kv_cache_dtype, **engine_options)
     try:
         return [o.token_ids for o in llm.generate(ids, max_new_tokens=new_tokens, ignore_eos=True)]
     finally:
@@ -44,13 +44,20 @@ def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
     in the last bits), fp8_e5m2 diverges within a few tokens (2 mantissa bits on a random model
     whose logits are nearly flat; not asserted)."""
     torch.set_num_threads(1)
+    check_narrow_caches(tiny_llama_dir, ("bfloat16", "float16", "fp8_e4m3fn"))
+
+
+def check_narrow_caches(model_dir, kv_dtypes, **engine_options) -> None:
+    """The checks above for `kv_dtypes` on an engine with `engine_options` (the GPU test)."""
     ids = [prompt(30, 1), prompt(17, 2)]
-    reference = greedy(tiny_llama_dir, None, ids)
-    for kv in ("bfloat16", "float16"):
-        assert greedy(tiny_llama_dir, kv, ids) == reference, kv
-    fp8 = greedy(tiny_llama_dir, "fp8_e4m3fn", ids)
-    agree = [first_difference(x, y) for x, y in zip(fp8, reference, strict=True)]
-    assert min(agree) >= 16, agree
+    reference = greedy(model_dir, None, ids, **engine_options)
+    for kv in kv_dtypes:
+        tokens = greedy(model_dir, kv, ids, **engine_options)
+        if kv.startswith("fp8"):
+            agree = [first_difference(x, y) for x, y in zip(tokens, reference, strict=True)]
+            assert min(agree) >= 16, (kv, agree)
+        else:
+            assert tokens == reference, kv
 
 
 def with_tensors(model_dir, tmp_path, extra: dict, config: dict | None = None):

@@ -22,16 +22,20 @@ SCALE = D**-0.5
 SLOPES = (0.5, 0.25, 0.125, 0.0625)
 
 
-def reference(q, k, v, start: int, window: int | None, softcap=None, alibi=None) -> torch.Tensor:
+def reference(
+    q, k, v, start: int, window: int | None, softcap=None, alibi=None, chunk=None
+) -> torch.Tensor:
     """q [n, H, D] at positions start.., k/v [L, KVH, D] of the whole sequence -> [n, H, D]; the
     scores soft-capped (cap * tanh(s / cap)) and ALiBi-biased (slope * (key - query position))
-    when asked."""
+    when asked; with `chunk` a query sees only the keys of its own chunk."""
     k, v = k.repeat_interleave(H // KVH, dim=1), v.repeat_interleave(H // KVH, dim=1)
     scale = q.shape[-1] ** -0.5
     out = []
     for i in range(q.shape[0]):
         p = start + i
         first = 0 if window is None else max(0, p - window + 1)
+        if chunk is not None:
+            first = p // chunk * chunk
         scores = torch.einsum("hd,lhd->hl", q[i], k[first : p + 1]) * scale  # [H, l]
         if softcap is not None:
             scores = softcap * torch.tanh(scores / softcap)
@@ -65,7 +69,16 @@ class Sequences:
 
 
 def run_step(
-    backend, cache, seqs: Sequences, rows, window, softcap=None, alibi=None, kv_dtype=None, **kv
+    backend,
+    cache,
+    seqs: Sequences,
+    rows,
+    window,
+    softcap=None,
+    alibi=None,
+    kv_dtype=None,
+    chunk=None,
+    **kv,
 ):
     """rows: (name, start, end). Runs them as one step and checks each row's output. With a
     narrow `kv_dtype` the model is fp32 and `kv` has the layer's `scales` and the `tol` of the
@@ -103,6 +116,7 @@ def run_step(
         logits_soft_cap=softcap,
         alibi_slopes=alibi,
         kv_cache_dtype=kv_dtype,
+        attention_chunk_size=chunk,
     )
     spec = kv_cache_spec(params, dtype)
     num_blocks = cache[0].shape[1] // BLOCK_SIZE
@@ -115,7 +129,9 @@ def run_step(
         name, start, end = rows[i]
         offset = starts[slot]
         sq, sk, sv = seqs.qkv[name]
-        expected = reference(sq[start:end], sk[:end], sv[:end], start, window, softcap, alibi)
+        expected = reference(
+            sq[start:end], sk[:end], sv[:end], start, window, softcap, alibi, chunk
+        )
         tol = kv.get("tol", 1e-5 if cache[0].dtype == torch.float32 else 3e-2)
         torch.testing.assert_close(
             out[offset : offset + end - start].float(),
@@ -188,6 +204,36 @@ def test_softcap_and_alibi_match_reference(softcap, alibi, window, cpu_kernels):
         **mods,
     )
     run_step(backend, cache, seqs, [("short", 6, 7), ("long", 89, 90)], window, **mods)
+
+
+@pytest.mark.parametrize("head_dim", [8, 16])
+def test_chunked_attention_matches_reference(head_dim, cpu_kernels):
+    """Llama 4's chunked attention (chunk 5, not a multiple of the 4-token blocks): fresh prompts
+    crossing several chunks, continuations starting mid-chunk and on a boundary, a prefix hit and
+    decode rows on both sides of a boundary. head_dim 16 runs the compiled flash prefill too."""
+    torch.set_num_threads(1)
+    backend = CpuAttentionBackend(current_build_context().kernels)
+    spec = kv_cache_spec(AttentionParams(H, KVH, head_dim, head_dim**-0.5), torch.float32)
+    cache = backend.allocate_kv_cache(spec, 32, BLOCK_SIZE, torch.device("cpu"))
+    seqs = Sequences(seed=2, head_dim=head_dim)
+    seqs.add("a", 23)
+    seqs.add("b", 11)
+    seqs.add("solo", 1)
+    run_step(backend, cache, seqs, [("a", 0, 13), ("b", 0, 4), ("solo", 0, 1)], None, chunk=5)
+    seqs.add("hit", 17, shared_from="a", shared_len=8)
+    rows = [("b", 4, 5), ("a", 13, 22), ("hit", 8, 17)]
+    run_step(backend, cache, seqs, rows, None, chunk=5)
+    run_step(backend, cache, seqs, [("b", 5, 6), ("a", 22, 23)], None, chunk=5)  # decode only
+    run_step(backend, cache, seqs, [("b", 6, 11)], None, chunk=5)  # a whole chunk from its start
+
+
+def test_chunked_attention_refuses_a_window_too():
+    from pytgi.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="sliding window and attention chunks"):
+        CpuAttentionBackend(None).make_impl(
+            AttentionParams(H, KVH, D, SCALE, sliding_window=4, attention_chunk_size=8)
+        )
 
 
 def decode_batch(start_positions: list[int], tables: list[list[int]]) -> AttentionBatch:

@@ -1,6 +1,7 @@
 """Two real ranks over gloo: a sparse MoE block whose experts and shared expert are split over
 the intermediate dimension equals the unsharded block (rank 0 in the test process, rank 1
-spawned)."""
+spawned); Llama 4's block (sigmoid router scaling the expert input, stacked [in, out] experts,
+always-on shared expert) equals transformers' Llama4TextMoe."""
 
 from __future__ import annotations
 
@@ -66,6 +67,48 @@ def _check_block() -> None:
         torch.testing.assert_close(block(x), expected, rtol=1e-4, atol=1e-4)
 
 
+def _check_llama4_block() -> None:
+    from transformers import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+
+    from pytgi.layers.moe.block import SparseMoeBlock
+    from pytgi.layers.moe.config import SIGMOID_TOPK, MoEConfig
+
+    hf_config = Llama4TextConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=EXPERT,
+        num_local_experts=NUM_EXPERTS,
+        num_experts_per_tok=2,
+    )
+    reference = Llama4TextMoe(hf_config).eval()
+    for param in reference.parameters():
+        param.data.normal_()
+    config = MoEConfig(
+        num_experts=NUM_EXPERTS,
+        top_k=2,
+        intermediate_size=EXPERT,
+        router=SIGMOID_TOPK,
+        renormalize=False,
+        scale_input=True,
+        shared_intermediate_size=EXPERT,
+        per_expert_checkpoint=False,
+    )
+    block = SparseMoeBlock(config, HIDDEN, None, "mlp")
+    x = torch.randn(7, HIDDEN)
+    with torch.no_grad():
+        block.gate.weight.copy_(reference.router.weight)
+        experts = block.experts
+        experts.weight_loader(experts.w13_weight, reference.experts.gate_up_proj, "w13_in_out")
+        experts.weight_loader(experts.w2_weight, reference.experts.down_proj, "w2_in_out")
+        shared, ref_shared = block.shared_experts, reference.shared_expert
+        shared.gate_up_proj.weight_loader(
+            shared.gate_up_proj.weight, ref_shared.gate_proj.weight, 0
+        )
+        shared.gate_up_proj.weight_loader(shared.gate_up_proj.weight, ref_shared.up_proj.weight, 1)
+        shared.down_proj.weight_loader(shared.down_proj.weight, ref_shared.down_proj.weight)
+        torch.testing.assert_close(block(x), reference(x)[0], rtol=1e-4, atol=1e-4)
+
+
 def _run_rank(rank: int, port: int) -> None:
     from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
     from pytgi.layers.build_context import BuildContext, build_context
@@ -76,8 +119,14 @@ def _run_rank(rank: int, port: int) -> None:
         torch.manual_seed(0)  # both ranks draw the same full weights and inputs
         with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
             _check_block()
+            _check_llama4_block()
     finally:
         destroy_distributed()
+
+
+def test_llama4_block_equals_transformers_unsharded():
+    torch.manual_seed(0)
+    _check_llama4_block()
 
 
 def test_expert_sharded_block_equals_unsharded():

@@ -49,6 +49,11 @@ def test_mixed_batch_matches_peft_merged_models(lora_dirs):
     """Base rows and three adapters (different ranks, targets, rsLoRA, rank/alpha patterns) in
     one batch, with chunked prefill (16-token steps) and prefix-cache hits within an adapter."""
     torch.set_num_threads(1)
+    check_mixed_adapter_batch(lora_dirs)
+
+
+def check_mixed_adapter_batch(lora_dirs, **engine_options) -> None:
+    """The mixed batch above on an engine with `engine_options` (the GPU test: dtype float32)."""
     base, adapters = lora_dirs
     refs = {None: load_hf(base), **{k: merged_model(base, d) for k, d in adapters.items()}}
     shared = prompt(24, 1)
@@ -62,9 +67,8 @@ def test_mixed_batch_matches_peft_merged_models(lora_dirs):
     ]
     expected = [greedy(refs[a], ids) for a, ids in requests]
     spec = ",".join(f"{k}={d}" for k, d in adapters.items())
-    llm = LLM(
-        str(base), lora_adapters=spec, block_size=4, num_blocks=200, max_batch_prefill_tokens=16
-    )
+    llm = LLM(str(base), lora_adapters=spec, block_size=4, num_blocks=200,
+              max_batch_prefill_tokens=16, **engine_options)  # fmt: skip
     try:
         ids = [ids for _, ids in requests]
         outs = llm.generate(

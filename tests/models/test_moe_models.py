@@ -48,11 +48,12 @@ def test_quantized_experts_close_to_fp32(arch, tiny_model_factory):
     assert error < 0.03 and cosine > 0.999, (float(error), float(cosine))
 
 
-def test_quantized_stacked_experts_are_refused_in_one_line(tiny_model_factory):
+@pytest.mark.parametrize("arch", ["dbrx", "llama4"])
+def test_quantized_stacked_experts_are_refused_in_one_line(arch, tiny_model_factory):
     from pytgi.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="stacked checkpoint experts") as err:
-        make_runner(tiny_model_factory("dbrx"), quantize="eetq")
+        make_runner(tiny_model_factory(arch), quantize="eetq")
     assert "\n" not in str(err.value)
 
 

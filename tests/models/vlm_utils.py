@@ -32,6 +32,18 @@ class VlmPrompts:
         return ids, self.pipeline.place(ids, processed)
 
 
+def processor_inputs(processor, text: str, images: list[tuple[int, int, int]], kept: tuple):
+    """The model's own transformers processor on `text` (images as its image token) and the
+    same PNGs -> (ids, its tensors named in `kept`): the reference's inputs."""
+    import io
+
+    from PIL import Image
+
+    pils = [Image.open(io.BytesIO(png_bytes(w, h, seed))) for w, h, seed in images]
+    out = processor(text=text, images=[pils] if pils else None, return_tensors="pt")
+    return out["input_ids"][0].tolist(), {k: v for k, v in out.items() if k in kept}
+
+
 def engine_request(ids, images, max_new_tokens: int) -> EngineRequest:
     stopping = StoppingParams(max_new_tokens=max_new_tokens, ignore_eos_token=True)
     return EngineRequest(
@@ -40,19 +52,30 @@ def engine_request(ids, images, max_new_tokens: int) -> EngineRequest:
 
 
 @torch.no_grad()
-def hf_greedy(hf, ids, images, max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """transformers' greedy tokens and each chosen token's logprob, on the same pixel values."""
-    kwargs = {}
-    if images:
+def hf_greedy(
+    hf, ids, images, max_new_tokens: int, inputs: dict | None = None
+) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens and each chosen token's logprob, on the same pixel values
+    (or on `inputs`, the model's own processor's tensors besides the ids, when given)."""
+    kwargs = dict(inputs or {})
+    if images and inputs is None:
         for name in images[0].features:
             arrays = [i.features[name] for i in images]
+            if hf.config.model_type == "idefics2":  # images of a sample padded to the largest
+                h, w = max(a.shape[-2] for a in arrays), max(a.shape[-1] for a in arrays)
+                pads = [[(0, 0)] * (a.ndim - 2) + [(0, h - a.shape[-2]), (0, w - a.shape[-1])]
+                        for a in arrays]  # fmt: skip
+                arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
             if arrays[0].ndim == 5:  # Llava-Next tiles [1, P, C, S, S]: padded to the most P
                 most = max(a.shape[1] for a in arrays)
                 pads = [[(0, 0), (0, most - a.shape[1])] + [(0, 0)] * 3 for a in arrays]
                 arrays = [np.pad(a, pad) for a, pad in zip(arrays, pads, strict=True)]
             kwargs[name] = torch.from_numpy(np.concatenate(arrays))
-        if kwargs["pixel_values"].dim() == 4:  # tiles [n, C, H, W]: one sample of n images
+        tiles_per_sample = hf.config.model_type in ("idefics2", "idefics3")
+        if kwargs["pixel_values"].dim() == 4 and tiles_per_sample:  # one sample of n tiles
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(0)
+            if "pixel_attention_mask" in kwargs:  # [n, H, W] -> [1, n, H, W]
+                kwargs["pixel_attention_mask"] = kwargs["pixel_attention_mask"].unsqueeze(0)
     out = hf.generate(
         torch.tensor([ids]),
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),

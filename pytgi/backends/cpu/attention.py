@@ -21,10 +21,15 @@ window value among the layers, shared by all layers:
   flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
   is_causal (or the window mask); with the kernel, other prefill rows use its paged twin
   `prefill_attention_paged`, which reads the cached blocks in place;
+- a bidirectional prompt (`AttentionBatch.bidirectional_lens`, PaliGemma): always a fresh row,
+  its own K/V with the prefix-LM mask, on the torch path (the kernels are causal);
 - other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
+Chunked attention C (Llama 4): a query at p sees keys p // C * C <= pos <= p; decode rows start
+their keys at their chunk, prefill rows are cut at chunk boundaries (`_chunked_prefills`), and a
+piece continuing a chunk from the cache runs on the compiled path as decode rows.
 
 Narrow caches (`--kv-cache-dtype`: fp8_e4m3fn, fp8_e5m2, bfloat16, float16 below an fp32 or
 16-bit model): a token's K is stored as k / k_scale clamped to the cache dtype's finite range and
@@ -96,6 +101,10 @@ class PrefillRow:
     mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
     position: int = 0  # the position of the row's first query
     block_table: torch.Tensor | None = None  # [W] int64, the row's whole table (cached keys)
+    bidirectional: bool = False  # a fresh row whose mask opens its prompt both ways (torch path)
+    # chunked attention: the first key every query of the row sees (its chunk's start), when
+    # that is a cached key (the compiled path then runs the queries as decode rows)
+    chunk_start: int | None = None
 
 
 @dataclass
@@ -107,11 +116,11 @@ class WindowView:
 class CpuAttentionMetadata:
     """One step's attention metadata, all of it built before the forward."""
 
-    def __init__(self, batch: AttentionBatch, views: dict[int | None, WindowView], gathers):
+    def __init__(self, batch: AttentionBatch, views: dict[tuple, WindowView], gathers):
         self.batch = batch
         self.slot_mapping = batch.slot_mapping  # [T]
         self.block_size = batch.block_size
-        self.views = views  # by sliding window (None: full attention)
+        self.views = views  # by `view_key`: the sliding window (None: full), ("chunk", C)
         self.gather_index = gathers  # (id(blocks), kv heads) -> [KVH * blocks.numel()] int64
         self._buffers: dict[tuple, torch.Tensor] = {}
 
@@ -139,7 +148,9 @@ class CpuAttentionMetadata:
 class CpuMetadataBuilder(AttentionMetadataBuilder):
     def __init__(self, specs: Iterable[KVCacheSpec], num_blocks: int, kernels):
         specs = list(specs)
-        self.windows = sorted({s.sliding_window for s in specs}, key=lambda w: w or 0)
+        self.visibilities = sorted(
+            {s.visibility for s in specs}, key=lambda v: (v[0] or 0, v[1] or 0)
+        )
         self.kv_heads = sorted({s.num_kv_heads for s in specs})
         self.num_blocks = num_blocks
         self.kernels = kernels
@@ -150,8 +161,8 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
 
     def build(self, batch: AttentionBatch) -> CpuAttentionMetadata:
         views = {
-            w: WindowView(self._decode_rows(batch, w), self._prefills(batch, w))
-            for w in self.windows
+            view_key(w, c): WindowView(self._decode_rows(batch, w, c), self._prefills(batch, w, c))
+            for w, c in self.visibilities
         }
         gathers = {}
         for view in views.values():
@@ -169,13 +180,15 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         heads = torch.arange(num_kv_heads).unsqueeze(1) * self.num_blocks  # [KVH, 1]
         return (heads + blocks.reshape(1, -1)).reshape(-1)
 
-    def _decode_rows(self, batch: AttentionBatch, window: int | None) -> DecodeRows | None:
+    def _decode_rows(
+        self, batch: AttentionBatch, window: int | None, chunk: int | None = None
+    ) -> DecodeRows | None:
         if batch.num_decode_rows == 0:
             return None
         bs = batch.block_size
         num_rows = batch.num_decode_rows
         tables, seq_lens = batch.block_table[:num_rows], batch.seq_lens[:num_rows]  # [B, W], [B]
-        first = (seq_lens - window).clamp(min=0) if window else torch.zeros_like(seq_lens)  # [B]
+        first = _first_visible(seq_lens, window, chunk)  # [B]
         rows = DecodeRows(tables, first, seq_lens)
         if not self.torch_decode:
             return rows
@@ -194,14 +207,23 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         rows.mask = None if bool(valid.all()) else valid[:, None, None, :]
         return rows
 
-    def _prefills(self, batch: AttentionBatch, window: int | None) -> list[PrefillRow]:
+    def _prefills(
+        self, batch: AttentionBatch, window: int | None, chunk: int | None = None
+    ) -> list[PrefillRow]:
+        if chunk is not None:
+            return self._chunked_prefills(batch, chunk)
         bs = batch.block_size
         starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+        lens = batch.bidirectional_lens
+        bidirectional = lens.tolist() if lens is not None else [0] * batch.num_rows
         rows = []
         for i in range(batch.num_decode_rows, batch.num_rows):
             start, num_q = starts[i], starts[i + 1] - starts[i]
             end_pos = seq_lens[i]
             start_pos = end_pos - num_q
+            if bidirectional[i]:
+                rows.append(_bidirectional_row(start, num_q, bidirectional[i], window))
+                continue
             if start_pos == 0 and (window is None or num_q <= window):
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
                 continue
@@ -230,6 +252,73 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             )
         return rows
 
+    def _chunked_prefills(self, batch: AttentionBatch, chunk: int) -> list[PrefillRow]:
+        """Chunked attention: each row split where its queries cross a chunk boundary, so every
+        piece's queries share one chunk. A piece that starts its chunk sees only its own K/V
+        (plain causal, like a fresh prompt); a piece that continues a chunk sees the cached keys
+        from the chunk's start, bottom-right causal."""
+        bs = batch.block_size
+        starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+        rows = []
+        for i in range(batch.num_decode_rows, batch.num_rows):
+            end_pos = seq_lens[i]
+            start_pos = position = end_pos - (starts[i + 1] - starts[i])
+            while position < end_pos:
+                first = position // chunk * chunk
+                piece_end = min(end_pos, first + chunk)
+                flat = starts[i] + position - start_pos  # the piece's first flat token
+                num_q = piece_end - position
+                if position == first:
+                    rows.append(PrefillRow(flat, flat + num_q, None, 0, num_q, None))
+                else:
+                    key_pos = torch.arange(first, piece_end)  # [S]
+                    query_pos = torch.arange(position, piece_end).unsqueeze(1)  # [q, 1]
+                    table = batch.block_table[i, : cdiv(piece_end, bs)]  # [W]
+                    first_block = first // bs
+                    rows.append(
+                        PrefillRow(
+                            flat,
+                            flat + num_q,
+                            table[first_block:].unsqueeze(0),  # [1, nb]
+                            first - first_block * bs,
+                            piece_end - first,
+                            key_pos <= query_pos,  # [q, S]
+                            position,
+                            table,
+                            chunk_start=first,
+                        )
+                    )
+                position = piece_end
+        return rows
+
+
+def view_key(window: int | None, chunk: int | None):
+    """A layer's view of the step's metadata: its sliding window (None: full attention), or
+    ("chunk", C) for chunked attention."""
+    return window if chunk is None else ("chunk", chunk)
+
+
+def _first_visible(seq_lens: torch.Tensor, window: int | None, chunk: int | None) -> torch.Tensor:
+    """The first key a query at position seq_lens - 1 sees: [B] int64."""
+    if chunk is not None:
+        return (seq_lens - 1) // chunk * chunk
+    if window:
+        return (seq_lens - window).clamp(min=0)
+    return torch.zeros_like(seq_lens)
+
+
+def _bidirectional_row(start: int, num_q: int, prefix: int, window: int | None) -> PrefillRow:
+    """A fresh row (positions 0 .. num_q - 1, its own K/V) whose first `prefix` positions see
+    each other both ways: key k is visible to query q when k <= q or k < prefix (transformers'
+    PaliGemma mask); a window only limits the keys before the query."""
+    assert num_q >= prefix, "a bidirectional prompt is scheduled whole, from position 0"
+    keys = torch.arange(num_q)  # [q]
+    queries = keys.unsqueeze(1)  # [q, 1]
+    mask = (keys <= queries) | (keys < prefix)  # [q, q]
+    if window is not None:
+        mask &= queries - keys < window
+    return PrefillRow(start, start + num_q, None, 0, num_q, mask, bidirectional=True)
+
 
 class CpuAttentionImpl(AttentionImpl):
     def __init__(self, params: AttentionParams, kernels):
@@ -239,6 +328,8 @@ class CpuAttentionImpl(AttentionImpl):
         self.kernels = kernels if kv_fp32 else None
         self.scale = params.scale
         self.window = params.sliding_window
+        self.chunk = params.attention_chunk_size
+        self.view_key = view_key(*params.visibility)
         self.kernel_prefill = kernels is not None and params.head_size % KERNEL_HEAD_MULTIPLE == 0
         self.softcap = params.logits_soft_cap or 0.0  # 0: none (the kernels' convention)
         self.alibi = None  # [H] fp32
@@ -261,7 +352,7 @@ class CpuAttentionImpl(AttentionImpl):
             slots = metadata.slot_mapping
             _store(k_cache, slots, _encode(k.transpose(0, 1), k_cache.dtype, self.scales.k_scale))
             _store(v_cache, slots, _encode(v.transpose(0, 1), v_cache.dtype, self.scales.v_scale))
-        view = metadata.views[self.window]
+        view = metadata.views[self.view_key]
         outs = []
         if view.decode is not None:
             outs.append(self._decode(q[: view.decode.seq_lens.shape[0]], kv_cache, metadata, ops))
@@ -270,7 +361,7 @@ class CpuAttentionImpl(AttentionImpl):
         return out if out.dtype == q.dtype else out.to(q.dtype)
 
     def _decode(self, q, kv_cache, metadata, ops) -> torch.Tensor:
-        rows = metadata.views[self.window].decode
+        rows = metadata.views[self.view_key].decode
         if ops is not None:  # reads the paged cache in place: no gather, no mask
             k_cache, v_cache = kv_cache
             return ops.decode_attention(
@@ -306,9 +397,10 @@ class CpuAttentionImpl(AttentionImpl):
     def _prefill(self, q, k, v, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
         rows = slice(row.start, row.end)
         if ops is not None and row.block_table is not None:
-            if row.end - row.start <= DECODE_LIKE_ROWS:
+            # the paged prefill kernel starts its keys at 0 or a window, never a chunk's start
+            if row.end - row.start <= DECODE_LIKE_ROWS or row.chunk_start is not None:
                 return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
-        if ops is not None and self.kernel_prefill:
+        if ops is not None and self.kernel_prefill and not row.bidirectional:
             # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
             # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
             # step's K/V are stored already)
@@ -368,7 +460,7 @@ class CpuAttentionImpl(AttentionImpl):
         decode row that sees the keys up to its own position -> [n, H, D]."""
         n = q.shape[0]
         seq_lens = row.position + 1 + torch.arange(n, dtype=torch.int64)  # [n]
-        first = (seq_lens - self.window).clamp(min=0) if self.window else torch.zeros_like(seq_lens)
+        first = _first_visible(seq_lens, self.window, self.chunk)  # [n]
         tables = row.block_table.to(torch.int64).unsqueeze(0).expand(n, -1).contiguous()  # [n, W]
         k_cache, v_cache = kv_cache
         return ops.decode_attention(
@@ -401,6 +493,7 @@ def _causal(n: int) -> torch.Tensor:
 
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu-paged"
+    supports_bidirectional_prompt = True
 
     def __init__(self, kernels=None):
         self.kernels = kernels
@@ -414,6 +507,8 @@ class CpuAttentionBackend(AttentionBackend):
             raise ModelLoadError("alibi_slopes must have one slope per query head")
         if params.logits_soft_cap is not None and params.logits_soft_cap <= 0:
             raise ModelLoadError("logits_soft_cap must be positive")
+        if params.attention_chunk_size is not None and params.sliding_window is not None:
+            raise ModelLoadError("a layer with both a sliding window and attention chunks")
         return CpuAttentionImpl(params, self.kernels)
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from types import ModuleType
+from typing import ClassVar
 
 import torch
 
@@ -28,22 +30,29 @@ def read_mem_available_bytes(path: str = "/proc/meminfo") -> int:
     return page_size * pages
 
 
+@dataclass(frozen=True)
 class CpuPlatform(Platform):
-    name = "cpu"
-    dist_backend = "gloo"
+    """Frozen: the compiled kernels and the quantized kernel table (`quant_isa`, e.g. "avx512vnni"
+    or "avx2") are chosen once, when the platform is built, and every layer reads them from here."""
 
-    def __init__(self, config: DeviceConfig | None = None):
-        self.config = config or DeviceConfig()
-        self.kernels: ModuleType | None = None
-        self.quant_isa = "auto"  # the quantized kernel table every call names
-        if self.config.kernels:
-            from pytgi.backends.cpu.kernels import load_cpu_kernels, resolve_quant_isa
+    name: ClassVar[str] = "cpu"
+    dist_backend: ClassVar[str] = "gloo"
 
-            self.kernels = load_cpu_kernels(self.config.kernel_build_root)
-        else:
+    config: DeviceConfig = field(default_factory=DeviceConfig)
+    kernels: ModuleType | None = field(init=False, default=None)
+    quant_isa: str = field(init=False, default="auto")  # the table every quantized call names
+
+    def __post_init__(self):
+        if not self.config.kernels:
             logger.info("CPU kernels disabled (PYTGI_CPU_KERNELS=0): pure-torch path")
-        if self.kernels is not None:
-            self.quant_isa = resolve_quant_isa(self.kernels, self.config.quant_isa)
+            return
+        from pytgi.backends.cpu.kernels import load_cpu_kernels, resolve_quant_isa
+
+        kernels = load_cpu_kernels(self.config.kernel_build_root)
+        if kernels is not None:
+            # frozen: __post_init__ is the one place these are set
+            object.__setattr__(self, "kernels", kernels)
+            object.__setattr__(self, "quant_isa", resolve_quant_isa(kernels, self.config.quant_isa))
 
     def device_for_rank(self, rank: int) -> torch.device:
         return torch.device("cpu")

@@ -222,6 +222,11 @@ class TritonAttentionBackend(AttentionBackend):
             raise ModelLoadError(
                 f"{len(params.alibi_slopes)} ALiBi slopes for {params.num_heads} heads"
             )
+        if params.attention_chunk_size is not None:
+            raise ModelLoadError(
+                f"the {self.name} attention backend does not support chunked attention "
+                "(Llama 4's attention_chunk_size) yet"
+            )
         return TritonAttentionImpl(params)
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:

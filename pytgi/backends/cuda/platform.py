@@ -1,7 +1,8 @@
 """The NVIDIA GPU platform: one device per tensor-parallel rank (cuda:{rank}), NCCL for the
 model's collectives (each step's metadata still travels on the gloo control group), GPU memory from
 `torch.cuda.mem_get_info` within `--cuda-memory-fraction`, the Triton kernels (ops.py and the
-attention backend) and CUDA-graph replay of decode steps.
+attention backend), the quantized linear products (quant_ops.py) and CUDA-graph replay of decode
+steps.
 
 Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (TGI_COMPATIBILITY.md
 §15).
@@ -10,7 +11,9 @@ Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (TGI
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from types import ModuleType
+from typing import ClassVar
 
 import torch
 
@@ -32,30 +35,38 @@ def default_cuda_dtype(model_type: str | None) -> torch.dtype:
     return torch.bfloat16 if model_type in BF16_MODEL_TYPES else torch.float16
 
 
+@dataclass(frozen=True)
 class CudaPlatform(Platform):
-    name = "cuda"
-    dist_backend = "nccl"
+    """Frozen: the Triton kernels (or none) are chosen once, when the platform is built. Its
+    device is the process's current CUDA device, which `bind_rank` sets once (one rank per
+    process) before the model is built."""
 
-    def __init__(self, config: DeviceConfig | None = None):
-        self.config = config or DeviceConfig()
-        self.index = torch.cuda.current_device()
-        self.kernels: ModuleType | None = None
-        if self.config.kernels:
-            from pytgi.backends.cuda import ops
+    name: ClassVar[str] = "cuda"
+    dist_backend: ClassVar[str] = "nccl"
 
-            self.kernels = ops
-        else:
+    config: DeviceConfig = field(default_factory=DeviceConfig)
+    kernels: ModuleType | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        if not self.config.kernels:
             logger.info(
                 "Triton layer kernels disabled (--disable-custom-kernels or PYTGI_CPU_KERNELS=0): "
                 "pure-torch ops"
             )
+            return
+        from pytgi.backends.cuda import ops
+
+        object.__setattr__(self, "kernels", ops)  # frozen: set here only
+
+    @property
+    def index(self) -> int:
+        return torch.cuda.current_device()
 
     @property
     def device(self) -> torch.device:
         return torch.device("cuda", self.index)
 
     def bind_rank(self, rank: int) -> None:
-        self.index = rank
         torch.cuda.set_device(rank)
 
     def device_for_rank(self, rank: int) -> torch.device:
@@ -72,6 +83,13 @@ class CudaPlatform(Platform):
 
         properties = torch.cuda.get_device_properties(self.index)
         return TritonAttentionBackend(num_sms=properties.multi_processor_count)
+
+    def quant_ops(self, dtype: torch.dtype):
+        from pytgi.backends.cuda.quant_ops import CudaQuantOps
+
+        capability = torch.cuda.get_device_capability(self.index)
+        return CudaQuantOps(self.device, use_triton=self.kernels is not None,
+                            scaled_mm=capability >= (8, 9))  # fmt: skip
 
     def decode_accelerator(
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype

@@ -1,8 +1,8 @@
 """`pytgi bench --model-id …`: the engine benchmark's flags and entry point.
 
-The flags share one parser with the HTTP benchmark's, so an option that parser already has (say
-`--model-id`, `--seed` or `--output`) is reused rather than declared twice; `engine_bench_dests`
-records where each engine option's value lands. Nothing here imports torch until the run starts.
+The flags share one parser with the HTTP benchmark's: an option the HTTP side already declares
+(`--seed`: same name, so the same dest) is read from there rather than
+declared twice. Nothing here imports torch until the run starts.
 """
 
 from __future__ import annotations
@@ -70,26 +70,30 @@ ENGINE_OPTIONS: tuple[tuple[str, dict], ...] = (
     ("--max-batch-size", {"type": int, "help": "pytgi: maximum running requests"}),
     ("--model-implementation", {"default": "auto", "choices": ("auto", "transformers"),
                                 "help": "pytgi: transformers forces the transformers fallback"}),
+    ("--quantize", {"help": "pytgi: quantize the checkpoint as `serve --quantize` does (the "
+                            "transformers baselines stay in --dtype)"}),
+    ("--quantize-activations", {"choices": ("int8", "fp32"),
+                                "help": "pytgi: the quantized layers' activations (default: "
+                                        "the method's own, as `serve`)"}),
     ("--output", {"type": Path, "help": "write the results as JSON to this file"}),
     ("--markdown", {"type": Path, "help": "write a Markdown summary to this file"}),
 )  # fmt: skip
 
 
-def add_engine_bench_args(parser: argparse.ArgumentParser) -> None:
-    """Adds the engine options the parser does not have yet; records every option's dest."""
+def add_engine_bench_args(
+    parser: argparse.ArgumentParser, declared: frozenset[str] = frozenset()
+) -> None:
+    """Adds the engine options except those in `declared` (flags the parser already has, whose
+    values the engine reads under the same dest)."""
     group = parser.add_argument_group("engine benchmark (--model-id)")
-    dests = {}
     for name, kwargs in ENGINE_OPTIONS:
-        existing = parser._option_string_actions.get(name)
-        action = existing or group.add_argument(name, **kwargs)
-        dests[name.lstrip("-").replace("-", "_")] = action.dest
-    parser.set_defaults(engine_bench_dests=dests)
+        if name not in declared:
+            group.add_argument(name, **kwargs)
 
 
 def engine_value(args: argparse.Namespace, name: str):
-    """The value of engine option `name` (its dest as if declared here), wherever it landed."""
-    dests = getattr(args, "engine_bench_dests", {})
-    return getattr(args, dests.get(name, name), None)
+    """The value of engine option `name` (its dest: the flag without dashes, `-` as `_`)."""
+    return getattr(args, name, None)
 
 
 def bench_options(args: argparse.Namespace):
@@ -115,6 +119,8 @@ def bench_options(args: argparse.Namespace):
         max_batch_prefill_tokens=value("max_batch_prefill_tokens"),
         max_batch_size=value("max_batch_size"),
         model_implementation=value("model_implementation") or "auto",
+        quantize=value("quantize"),
+        quantize_activations=value("quantize_activations"),
     )
 
 

@@ -28,6 +28,8 @@ def create_engine(
     max_batch_prefill_tokens: int | None = None,
     max_batch_size: int | None = None,
     implementation: str = "auto",
+    quantize: str | None = None,
+    quantize_activations: str | None = None,
 ) -> EngineCore:
     """The engine with `pytgi serve`'s defaults except the options given here."""
     options = {
@@ -35,6 +37,8 @@ def create_engine(
         "num_threads": num_threads,
         "max_batch_size": max_batch_size,
         "implementation": implementation,
+        "quantize": quantize,
+        "quantize_activations": quantize_activations,
     }
     if max_batch_prefill_tokens is not None:
         options["max_batch_prefill_tokens"] = max_batch_prefill_tokens

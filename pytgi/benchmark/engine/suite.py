@@ -48,6 +48,8 @@ class BenchOptions:
     max_batch_prefill_tokens: int | None = None
     max_batch_size: int | None = None
     model_implementation: str = "auto"  # "transformers": pytgi runs the transformers fallback
+    quantize: str | None = None  # pytgi's --quantize (the transformers baselines stay in dtype)
+    quantize_activations: str | None = None  # None: the method's default activations
     sequential_sample: int = 4  # identical requests run one at a time before replaying; 0: all
     bandwidth_bytes: int = 1 << 30  # tensor summed to measure read bandwidth
     gemm_size: int = 2048  # square matrices multiplied to measure GEMM throughput
@@ -133,6 +135,8 @@ def _load_runners(options: BenchOptions, model_dir: Path):
             options.max_batch_prefill_tokens,
             options.max_batch_size,
             implementation,
+            options.quantize,
+            options.quantize_activations,
         )
 
     core = engine(options.model_implementation)

@@ -113,7 +113,7 @@ class SparseMoeBlock(nn.Module):
         weights, ids = select_experts(
             self.gate(x), self.config, self.gate.e_score_correction_bias
         )  # [T, k] each
-        out = self.experts(x, weights, ids)
+        out = self.experts(x, weights, ids, self.config.scale_input)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)  # [T, hidden]
             if self.shared_expert_gate is not None:

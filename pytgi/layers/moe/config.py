@@ -13,6 +13,8 @@ Routing rules (`MoEConfig.router`):
 - `SPARSEMIXER`: PhiMoE's top-2 sparsemixer (inference form): each pick's weight is the softmax
   over the experts whose logit is within `jitter_eps` (relative) of the pick, the first pick
   masked out for the second.
+- `SIGMOID_TOPK`: Llama 4's top-k by logit, each pick's weight sigmoid(logit); with
+  `scale_input` the weight scales the expert's input instead of its output.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ SOFTMAX_TOPK = "softmax_topk"
 GROUP_LIMITED = "group_limited_greedy"
 NOAUX_TC = "noaux_tc"
 SPARSEMIXER = "sparsemixer"
-ROUTERS = (SOFTMAX_TOPK, GROUP_LIMITED, NOAUX_TC, SPARSEMIXER)
+SIGMOID_TOPK = "sigmoid_topk"
+ROUTERS = (SOFTMAX_TOPK, GROUP_LIMITED, NOAUX_TC, SPARSEMIXER, SIGMOID_TOPK)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class MoEConfig:
     shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared expert
     sparse_layers: tuple[bool, ...] = ()  # per layer: True = this MoE block, False = dense MLP
     per_expert_checkpoint: bool = True  # False: the checkpoint stacks the experts (DBRX)
+    scale_input: bool = False  # each expert gets weight * x and its output is summed unweighted
 
     def __post_init__(self):
         if self.router not in ROUTERS:

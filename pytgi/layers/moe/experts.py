@@ -32,6 +32,9 @@ from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
 
 GATE, UP, DOWN = "w1", "w3", "w2"
 DOWN_TRANSPOSED = "w2_t"  # a stacked down projection stored [E * I, hidden] (DBRX)
+# every expert's [in, out] matrices stacked (Llama 4): gate and up as [E, hidden, 2 * I]
+# (each expert's gate columns, then its up columns), down as [E, I, hidden]
+GATE_UP_STACKED, DOWN_STACKED = "w13_in_out", "w2_in_out"
 
 
 def group_by_expert(x: torch.Tensor, ids: torch.Tensor, num_experts: int):
@@ -43,9 +46,16 @@ def group_by_expert(x: torch.Tensor, ids: torch.Tensor, num_experts: int):
     return x.index_select(0, tokens), tokens, order, counts
 
 
+def scale_rows(rows: torch.Tensor, weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """rows [T * k, hidden] (sorted by expert) times their pair's weight (weights [T, k])."""
+    return rows * weights.flatten()[order].to(rows.dtype).unsqueeze(1)
+
+
 def combine(x, out, weights, tokens, order) -> torch.Tensor:
-    """The weighted expert rows out [T * k, hidden] summed back into their tokens: [T, hidden]."""
-    out = out * weights.flatten()[order].to(out.dtype).unsqueeze(1)
+    """The expert rows out [T * k, hidden], weighted unless `weights` is None, summed back into
+    their tokens: [T, hidden]."""
+    if weights is not None:
+        out = scale_rows(out, weights, order)
     return torch.zeros_like(x).index_add_(0, tokens, out)
 
 
@@ -75,6 +85,9 @@ class FusedExperts(nn.Module):
     ) -> None:
         """One expert's full checkpoint tensor: gate / up [I, hidden], down [hidden, I]; with
         expert_id None, every expert's stacked along the first dimension."""
+        if expert_id is None and shard_id in (GATE_UP_STACKED, DOWN_STACKED):
+            self._load_in_out(param, loaded, shard_id)
+            return
         if expert_id is None:
             self._load_stacked(param, loaded, shard_id)
             return
@@ -100,10 +113,30 @@ class FusedExperts(nn.Module):
         for expert_id in range(self.num_experts):
             self.weight_loader(param, experts[expert_id], shard_id, expert_id)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def _load_in_out(self, param, loaded: torch.Tensor, shard_id: str) -> None:
+        """Every expert's [in, out] matrix at once: [E, hidden, 2 * I] or [E, I, hidden]."""
+        if loaded.dim() != 3 or loaded.shape[0] != self.num_experts:
+            raise ModelLoadError(
+                f"checkpoint shape {tuple(loaded.shape)}: not {self.num_experts} stacked experts"
+            )
+        for expert_id in range(self.num_experts):
+            weight = loaded[expert_id].t()  # [out, in]
+            if shard_id == DOWN_STACKED:
+                self.weight_loader(param, weight, DOWN, expert_id)
+                continue
+            gate, up = weight.chunk(2, dim=0)  # [I, hidden] each
+            self.weight_loader(param, gate, GATE, expert_id)
+            self.weight_loader(param, up, UP, expert_id)
+
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, scale_input: bool = False
+    ) -> torch.Tensor:
         """x [T, hidden], weights [T, k] (fp32), ids [T, k] -> [T, hidden]: sum over each
-        token's k experts of weight * down(act(gate(x)) * up(x))."""
+        token's k experts of weight * down(act(gate(x)) * up(x)) (with `scale_input`:
+        down(act(gate(w * x)) * up(w * x)), Llama 4)."""
         rows, tokens, order, counts = group_by_expert(x, ids, self.num_experts)
+        if scale_input:
+            rows, weights = scale_rows(rows, weights, order), None
         out = torch.empty_like(rows)  # [T * k, hidden]
         start = 0
         for expert, count in enumerate(counts):
@@ -146,8 +179,12 @@ class QuantizedExperts(nn.ModuleList):
         self.tp = current_build_context().tp
         self.act_fn = get_activation(act, gated=True)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, scale_input: bool = False
+    ) -> torch.Tensor:
         rows, tokens, order, counts = group_by_expert(x, ids, len(self))
+        if scale_input:
+            rows, weights = scale_rows(rows, weights, order), None
         outs, start = [], 0
         for expert, count in zip(self, counts, strict=True):
             if count == 0:

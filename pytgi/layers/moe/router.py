@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from pytgi.layers.moe.config import GROUP_LIMITED, NOAUX_TC, SPARSEMIXER, MoEConfig
+from pytgi.layers.moe.config import GROUP_LIMITED, NOAUX_TC, SIGMOID_TOPK, SPARSEMIXER, MoEConfig
 
 
 def select_experts(
@@ -21,6 +21,9 @@ def select_experts(
         return _noaux_tc(logits, config, correction_bias)
     if config.router == SPARSEMIXER:
         return _sparsemixer(logits, config.jitter_eps)
+    if config.router == SIGMOID_TOPK:
+        values, ids = logits.topk(config.top_k, dim=-1)  # [T, k]
+        return values.sigmoid(), ids
     weights, ids = logits.softmax(dim=-1).topk(config.top_k, dim=-1)  # [T, k]
     if config.renormalize and config.renormalize_p == 1.0:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -25,6 +25,11 @@ DEFAULT_ACTIVATIONS = {
 # FP4 through the integer kernels need their code table rounded to round(127 t) / 127, and fp8
 # has no int8 kernel; the opt-in is refused for them
 FP32_ONLY = ("bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+# what CUDA serves (backends/cuda/quant_ops.py): the weight-only formats with the model dtype's
+# activations, as TGI runs them, and fp8 (per-token e4m3 activations where _scaled_mm runs);
+# LLM.int8 (`bitsandbytes`: int8 activations with outlier columns) has no kernel there
+CUDA_QUANTIZE = ("gptq", "awq", "compressed-tensors", "fp8", "eetq", "bitsandbytes-nf4",
+                 "bitsandbytes-fp4")  # fmt: skip
 
 
 def activations_for(method: str, requested: str | None = None) -> str:

@@ -21,7 +21,7 @@ import torch
 
 from pytgi.backends.base import QuantOps
 from pytgi.errors import ConfigError
-from pytgi.layers.quantization.activations import activations_for
+from pytgi.layers.quantization.activations import CUDA_QUANTIZE, activations_for
 from pytgi.layers.quantization.base import LinearMethod, QuantConfig
 from pytgi.layers.quantization.cpu_methods import (
     CodebookLinearMethod,
@@ -108,15 +108,20 @@ def resolve_quant_config(
     dtype: torch.dtype,
     activations: str | None = None,
     quantize_lm_head: bool = False,
+    platform: str = "cpu",
 ) -> QuantConfig | None:
     """`--quantize` (with `--quantize-activations`) on a full-precision checkpoint -> the
     on-the-fly config, or a ConfigError naming what cannot run together (a pre-quantized
-    checkpoint goes through `check_prequantized_options` and prequantized.py instead)."""
+    checkpoint goes through `check_prequantized_options` and prequantized.py instead). On CUDA
+    the weight-only methods and fp8 run on its QuantOps (CUDA_QUANTIZE), in any model dtype."""
     if checkpoint_method is not None:
         raise ConfigError(f"the checkpoint is already quantized with '{checkpoint_method}'")
     if quantize is None:
         return None
     check_quantize_needs_checkpoint(quantize)
+    if platform != "cpu":
+        _check_gpu_options(quantize, activations, platform)
+        return quant_config_for(quantize, FP32_ACTIVATIONS, quantize_lm_head)
     if dtype != torch.float32:
         raise ConfigError(
             f"--quantize {quantize} runs its kernels on float32 activations on CPU: "
@@ -126,14 +131,34 @@ def resolve_quant_config(
     return quant_config_for(quantize, policy, quantize_lm_head)
 
 
+def _check_gpu_options(method: str, activations: str | None, platform: str) -> None:
+    if method not in CUDA_QUANTIZE:
+        raise ConfigError(
+            f"--quantize {method} is not supported on {platform} by pytgi "
+            f"(supported there: {', '.join(CUDA_QUANTIZE)})"
+        )
+    if activations is not None and activations != "fp32":
+        raise ConfigError(
+            f"--quantize-activations {activations} is CPU only: on {platform} quantized layers "
+            "keep the model dtype's activations (fp8: per-token e4m3)"
+        )
+
+
 def check_prequantized_options(
-    quant: CheckpointQuant, quantize: str | None, dtype, activations: str | None = None
+    quant: CheckpointQuant,
+    quantize: str | None,
+    dtype,
+    activations: str | None = None,
+    platform: str = "cpu",
 ) -> ActivationPolicy:
     """What cannot serve a pre-quantized checkpoint: an unsupported method or format, a
-    `--quantize` naming another method, a compute dtype other than the kernels' float32. Returns
-    the activation policy: full precision by default (these formats are weight-only),
-    `--quantize-activations int8` on request (not for fp8)."""
+    `--quantize` naming another method, on CPU a compute dtype other than the kernels' float32.
+    Returns the activation policy: full precision by default (these formats are weight-only),
+    `--quantize-activations int8` on request on CPU (not for fp8)."""
     method = check_checkpoint_quant(quant, quantize)
+    if platform != "cpu":
+        _check_gpu_options(method, activations, platform)
+        return FP32_ACTIVATIONS
     if dtype != torch.float32:
         raise ConfigError(
             f"{method} checkpoints run the CPU kernels on float32 activations: use --dtype "

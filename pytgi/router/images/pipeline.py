@@ -102,7 +102,17 @@ class ImagePipeline:
         for chunk in chunks:
             is_text = isinstance(chunk, TextChunk)
             parts.append(chunk.text if is_text else next(it).output.prompt_text)
-        return "".join(parts), list(images)
+        return self.processor.layout("".join(parts)), list(images)
+
+    @property
+    def lays_out_prompt(self) -> bool:
+        """Every prompt, with images or not, goes through `expand` (PaliGemma's layout)."""
+        return self.processor.lays_out_prompt
+
+    def add_special_tokens(self, asked: bool) -> bool:
+        """Whether the expanded prompt is tokenized with the tokenizer's special tokens."""
+        family = self.processor.add_special_tokens
+        return asked if family is None else family
 
     async def _image(self, url: str) -> ProcessedImage:
         data = await self._load(url)
@@ -147,7 +157,9 @@ class ImagePipeline:
             for i, features in enumerate(image.output.runs)
         ]  # fmt: skip
         return tuple(
-            MultimodalInput("image", start, length, key, features)
+            MultimodalInput(
+                "image", start, length, key, features, self.processor.keys_whole_request
+            )
             for (start, length), (key, features) in zip(runs, keyed, strict=True)
         )
 

@@ -40,9 +40,17 @@ class ProcessorOutput:
 
 class FamilyProcessor:
     """One family's processing. Subclasses set `image_token` (the placeholder whose runs the
-    model's embeddings replace) and implement `_process`."""
+    model's embeddings replace) and implement `_process`; a family whose processor lays out the
+    whole prompt (PaliGemma: images, <bos>, text, newline) sets `lays_out_prompt` and overrides
+    `layout`."""
 
     image_token: ClassVar[str]
+    # the prompt, images or not, goes through `layout`, and is tokenized with the tokenizer's
+    # special tokens only when this is None (the layout holds them)
+    lays_out_prompt: ClassVar[bool] = False
+    add_special_tokens: ClassVar[bool | None] = None
+    # every token's states depend on the request's images (MultimodalInput.keys_whole_request)
+    keys_whole_request: ClassVar[bool] = False
 
     def __init__(self, image_processor: Any, hf_config: Any, token_to_id):
         self.image_processor = image_processor
@@ -54,6 +62,19 @@ class FamilyProcessor:
 
     def process(self, image) -> ProcessorOutput:
         raise NotImplementedError
+
+    def layout(self, text: str) -> str:
+        """The prompt around `text` (its images already replaced by their placeholder text)."""
+        return text
+
+    @classmethod
+    def load_image_processor(cls, model_dir: str | Path) -> Any:
+        from transformers import AutoImageProcessor
+
+        try:
+            return AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
 
 
 class Qwen2VLProcessing(FamilyProcessor):
@@ -145,6 +166,124 @@ class LlavaNextProcessing(FamilyProcessor):
         return ProcessorOutput([features], [num_tokens], self.image_token * num_tokens)
 
 
+class PaliGemmaProcessing(FamilyProcessor):
+    """PaliGemma 1 and 2: every image resized to the tower's one size and `image_seq_length`
+    <image> tokens; the prompt is laid out as PaliGemmaProcessor does with <image> tokens in the
+    text: <bos> right after the last image token (first when there is none), a newline at the
+    end, and no special tokens added by the tokenizer (the processor turns <bos> off). With the
+    images before the text that is its `<image> * N + <bos> + prompt + "\n"`."""
+
+    image_token = "<image>"
+    bos_token = "<bos>"
+    lays_out_prompt = True
+    add_special_tokens = False
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        if token_to_id(self.bos_token) is None:
+            raise ModelLoadError(f"the tokenizer has no {self.bos_token!r} token")
+        self.image_seq_len = int(
+            getattr(image_processor, "image_seq_length", None)
+            or hf_config.text_config.num_image_tokens
+        )
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)  # [1, 3, S, S]
+        n = self.image_seq_len
+        return ProcessorOutput([{"pixel_values": pixels}], [n], self.image_token * n)
+
+    def layout(self, text: str) -> str:
+        last = text.rfind(self.image_token)
+        at = last + len(self.image_token) if last != -1 else 0
+        return text[:at] + self.bos_token + text[at:] + "\n"
+
+
+class Idefics2Processing(FamilyProcessor):
+    """Idefics 2: the image resized (shortest / longest edge) and, with `do_image_splitting`,
+    split into its four quarters plus the whole image; each of those is a run of
+    `resampler_n_latents` <image> tokens between <fake_token_around_image> markers, two markers
+    in a row merged into one (Idefics2Processor's prompt). A run keeps its pixels and pixel mask
+    (the processor pads every image of a call to the largest)."""
+
+    image_token = "<image>"
+    fake_token = "<fake_token_around_image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        if token_to_id(self.fake_token) is None:
+            raise ModelLoadError(f"the tokenizer has no {self.fake_token!r} token")
+        self.image_seq_len = int(hf_config.perceiver_config.resampler_n_latents)
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[[image]], return_tensors="np", input_data_format="channels_last"
+        )
+        pixels = np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32)  # [n, 3, H, W]
+        masks = out.get("pixel_attention_mask")
+        masks = np.ones((pixels.shape[0], *pixels.shape[-2:]), np.int64) if masks is None else (
+            np.asarray(masks[0], dtype=np.int64))  # [n, H, W]  # fmt: skip
+        runs = [
+            {"pixel_values": pixels[i : i + 1], "pixel_attention_mask": masks[i : i + 1]}
+            for i in range(pixels.shape[0])
+        ]
+        one = self.fake_token + self.image_token * self.image_seq_len + self.fake_token
+        return ProcessorOutput(runs, [self.image_seq_len] * len(runs), one * len(runs))
+
+    def layout(self, text: str) -> str:
+        return text.replace(self.fake_token * 2, self.fake_token)
+
+
+class Llama4Processing(FamilyProcessor):
+    """Llama 4: the image on a canvas of up to `max_patches` tiles plus a global tile
+    (router/images/llama4.py), each tile a run of <|patch|> tokens in Llama4Processor's layout."""
+
+    image_token = "<|patch|>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        vision = hf_config.vision_config
+        side = vision.image_size // vision.patch_size
+        self.run_length = int(side * side * vision.pixel_shuffle_ratio**2)
+
+    @classmethod
+    def load_image_processor(cls, model_dir: str | Path) -> Any:
+        from pytgi.router.images.llama4 import Llama4ImageProcessor
+
+        return Llama4ImageProcessor.from_pretrained(model_dir)
+
+    def process(self, image) -> ProcessorOutput:
+        from pytgi.router.images.llama4 import image_prompt
+
+        tiles, (rows, cols) = self.image_processor(image)  # [n, 3, S, S]
+        runs = [{"pixel_values": tiles[i : i + 1]} for i in range(tiles.shape[0])]
+        text = image_prompt(rows, cols, self.run_length)
+        return ProcessorOutput(runs, [self.run_length] * len(runs), text)
+
+
+class MllamaProcessing(FamilyProcessor):
+    """Mllama (Llama 3.2 Vision): one <|image|> token per image (the language model attends to
+    the image through its cross-attention layers); the image resized to its best tiling of up
+    to `max_image_tiles` tiles, padded to that many tiles (`aspect_ratio_ids` names the tiling,
+    `aspect_ratio_mask` the real tiles)."""
+
+    image_token = "<|image|>"
+    keys_whole_request = True  # rows before the first image attend over all images
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[[image]], return_tensors="np", input_data_format="channels_last"
+        )
+        features = {
+            "pixel_values": np.ascontiguousarray(out["pixel_values"][0], dtype=np.float32),
+            "aspect_ratio_ids": np.asarray(out["aspect_ratio_ids"][0], dtype=np.int64),
+            "aspect_ratio_mask": np.asarray(out["aspect_ratio_mask"][0], dtype=np.int64),
+        }  # [1, tiles, C, S, S], [1], [1, tiles]
+        return ProcessorOutput([features], [1], self.image_token)
+
+
 def _first(value) -> int:
     """rows / cols come as [[n]] for one image (0: not split)."""
     while isinstance(value, list | tuple | np.ndarray):
@@ -156,8 +295,12 @@ def _first(value) -> int:
 PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "qwen2_vl": Qwen2VLProcessing,
     "qwen2_5_vl": Qwen2VLProcessing,
+    "idefics2": Idefics2Processing,
     "idefics3": Idefics3Processing,
     "llava_next": LlavaNextProcessing,
+    "paligemma": PaliGemmaProcessing,
+    "llama4": Llama4Processing,
+    "mllama": MllamaProcessing,
 }
 
 
@@ -169,10 +312,4 @@ def load_processor(model_dir: str | Path, hf_config: Any, token_to_id) -> Family
     family = PROCESSORS.get(getattr(hf_config, "model_type", None))
     if family is None:
         return None
-    from transformers import AutoImageProcessor
-
-    try:
-        image_processor = AutoImageProcessor.from_pretrained(str(model_dir), use_fast=False)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the image processor of {model_dir}: {exc}") from exc
-    return family(image_processor, hf_config, token_to_id)
+    return family(family.load_image_processor(model_dir), hf_config, token_to_id)

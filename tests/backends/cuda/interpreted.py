@@ -7,6 +7,7 @@ except the CUDA graph itself, which the `gpu` tests cover."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -14,7 +15,7 @@ from pytgi.backends.cuda import ops
 from pytgi.backends.cuda.attention import TritonAttentionBackend
 from pytgi.backends.cuda.graphs import CudaGraphRunner
 from pytgi.backends.cuda.platform import CudaPlatform
-from pytgi.config import DeviceConfig
+from pytgi.backends.cuda.quant_ops import CudaQuantOps
 
 
 class EagerRecorder:
@@ -39,13 +40,22 @@ class EagerRecorder:
         pass
 
 
+@dataclass(frozen=True)
 class InterpretedCudaPlatform(CudaPlatform):
-    def __init__(self, cuda_graphs: tuple[int, ...] = (), num_sms: int = 4):
-        self.config = DeviceConfig(cuda_graphs=cuda_graphs)
-        self.index = 0
-        self.kernels = ops
-        self.num_sms = num_sms
-        self.recorder = EagerRecorder()
+    """CudaPlatform on CPU tensors: eager unless `cuda_graphs` names sizes (then recorded by
+    `recorder`), `num_sms` programs for the attention kernels, 1 GiB "free"."""
+
+    cuda_graphs: tuple[int, ...] = ()
+    num_sms: int = 4
+    recorder: EagerRecorder = field(default_factory=EagerRecorder)
+
+    def __post_init__(self):
+        object.__setattr__(self, "config", replace(self.config, cuda_graphs=self.cuda_graphs))
+        object.__setattr__(self, "kernels", ops)
+
+    @property
+    def index(self) -> int:
+        return 0
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +69,9 @@ class InterpretedCudaPlatform(CudaPlatform):
 
     def attention_backend(self, dtype: torch.dtype) -> TritonAttentionBackend:
         return TritonAttentionBackend(num_sms=self.num_sms)
+
+    def quant_ops(self, dtype: torch.dtype) -> CudaQuantOps:
+        return CudaQuantOps(self.device, use_triton=True, scaled_mm=False)
 
     def decode_accelerator(self, model, kv_cache_dtype) -> CudaGraphRunner | None:
         if not self.config.cuda_graphs:

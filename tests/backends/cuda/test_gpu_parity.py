@@ -51,11 +51,17 @@ FP32_CASES = [(arch, "graphs") for arch in ARCHS] + [
 
 @pytest.mark.parametrize(("arch", "mode"), FP32_CASES)
 def test_fp32_greedy_matches_transformers(tiny_model_factory, arch, mode):
+    model_dir = tiny_model_factory(arch)
+    check_fp32_greedy(model_dir, load_hf_cuda(model_dir, torch.float32), mode, arch)
+
+
+def check_fp32_greedy(model_dir, hf, mode: str, label: str, max_diff: float = 2e-4) -> None:
+    """pytgi in fp32 on the GPU (CUDA graphs on or not, by `mode`) against transformers' `hf`
+    (fp32, on the GPU): 3 prompts, 32 greedy tokens each, decoded together teacher-forced; the
+    same tokens and logits within `max_diff`."""
     from transformers import GenerationConfig
 
-    model_dir = tiny_model_factory(arch)
     runner = cuda_runner(model_dir, "float32", GRAPHS[mode])
-    hf = load_hf_cuda(model_dir, torch.float32)
     prompts = {"a": prompt(5, seed=1), "b": prompt(23, seed=2), "c": prompt(40, seed=3)}
     config = GenerationConfig(do_sample=False, max_new_tokens=NUM_NEW, pad_token_id=3)
     expected = {
@@ -65,16 +71,17 @@ def test_fp32_greedy_matches_transformers(tiny_model_factory, arch, mode):
     logits = decode_teacher_forced(runner, expected, {r: len(p) for r, p in prompts.items()})
     for r, ids in prompts.items():
         ours = logits[r][:-1].argmax(-1).tolist()  # the last row predicts past the reference
-        assert ours == expected[r][len(ids) :], f"{arch} {mode} {r}: greedy tokens differ"
+        assert ours == expected[r][len(ids) :], f"{label} {mode} {r}: greedy tokens differ"
         reference = torch.cat(hf_next_logits(hf, [expected[r][:-1]]))[len(ids) - 1 :]
         diff = (logits[r][:-1] - reference).abs().max().item()
-        assert diff < 2e-4, f"{arch} {mode} {r}: max |logit diff| {diff:.2e}"
+        assert diff < max_diff, f"{label} {mode} {r}: max |logit diff| {diff:.2e}"
 
 
-def bf16_comparison(model_dir, num_prompt: int, num_tokens: int, vocab: int) -> dict:
+def bf16_comparison(model_dir, num_prompt: int, num_tokens: int, vocab: int, hf_dir=None) -> dict:
     """pytgi in bf16 (teacher-forced decode, with graphs and without) against transformers in
     bf16 and fp32, on 4 sequences of random tokens: the logits predicting tokens num_prompt ..
-    num_tokens (the last one past the sequence). One dict of figures per pytgi mode."""
+    num_tokens (the last one past the sequence). One dict of figures per pytgi mode. `hf_dir`:
+    transformers' checkpoint when it is not `model_dir` (a quantized model's dense reference)."""
     generator = torch.Generator().manual_seed(0)
     sequences = {
         f"r{i}": torch.randint(4, vocab, (num_tokens,), generator=generator).tolist()
@@ -88,7 +95,7 @@ def bf16_comparison(model_dir, num_prompt: int, num_tokens: int, vocab: int) -> 
         del runner, rows
     reference = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        hf = load_hf_cuda(model_dir, dtype)
+        hf = load_hf_cuda(hf_dir or model_dir, dtype)
         logits = hf_next_logits(hf, list(sequences.values()))
         reference[name] = torch.cat([row[num_prompt - 1 :] for row in logits])  # [N, V]
         del hf, logits
