@@ -82,8 +82,12 @@ class Plan:
     http1: tuple[int, int] = (8, 1)  # (measured requests, warm-up requests)
     http16: tuple[int, int] = (48, 16)
     prefill: tuple[int, int] = (5, 1)
-    small_http16: tuple[int, int] | None = None  # the 1B model's (slow) 16-client run
+    # the 1B model's (slow) HTTP runs: {"http1" | "http16" | "prefill": (measured, warm-up)}
+    slow: tuple[tuple[str, tuple[int, int]], ...] = ()
     measures: tuple[str, ...] = ("anchor", "engine", "http")
+
+    def requests(self, name: str, slow: bool) -> tuple[int, int]:
+        return dict(self.slow).get(name, getattr(self, name)) if slow else getattr(self, name)
 
 
 def _cases(models, types):
@@ -96,8 +100,8 @@ PLANS = {
         _cases(("smollm2", "llama1b"), TYPES),
         bench_reps=3,
         engine_repeats=3,
-        small_http16=(32, 8),
-    ),  # fmt: skip
+        slow=(("http1", (4, 1)), ("http16", (32, 8)), ("prefill", (3, 1))),
+    ),
     "quick": Plan(
         1,
         (*_cases(("smollm2",), TYPES), ("llama1b", "Q4_K_M")),
@@ -106,7 +110,7 @@ PLANS = {
         http1=(4, 1),
         http16=(16, 4),
         prefill=(3, 1),
-        small_http16=(16, 0),
+        slow=(("http1", (2, 1)), ("http16", (16, 0)), ("prefill", (2, 0))),
     ),
     "smoke": Plan(
         1,
@@ -501,12 +505,13 @@ def server_measures(kind, tools, gguf, model, plan, threads, out_dir) -> dict:
         result["rss_loaded"] = rss_of(server)
         limit = 3600 if slow else 900
         result["http1"] = measured(http_load, server, gguf, "http1", 1, 32, plan.output_tokens,
-                                   plan.http1, out_dir, limit)  # fmt: skip
-        http16 = plan.small_http16 if slow and plan.small_http16 else plan.http16
+                                   plan.requests("http1", slow), out_dir, limit)  # fmt: skip
         result["http16"] = measured(http_load, server, gguf, "http16", 16, 256,
-                                    plan.output_tokens, http16, out_dir, limit)  # fmt: skip
+                                    plan.output_tokens, plan.requests("http16", slow), out_dir,
+                                    limit)  # fmt: skip
         result["prefill512"] = measured(http_load, server, gguf, "prefill512", 1, 512, 1,
-                                        plan.prefill, out_dir, limit)  # fmt: skip
+                                        plan.requests("prefill", slow), out_dir,
+                                        limit)  # fmt: skip
         result["rss_after"] = rss_of(server)
     finally:
         server.stop()
