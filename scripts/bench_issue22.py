@@ -259,8 +259,13 @@ import sys, runpy
 tree = sys.argv[1]
 sys.path[:0] = [tree, tree + "/gguf-py"]
 import conversion.base as base
-# SmolLM2's tokenizer as transformers writes it from a GGUF file hashes unlike the hub's files:
-# name its pre-tokenizer (llama.cpp's "smollm") instead of failing on the unknown hash
+import conversion.llama as llama
+# SmolLM2's tokenizer is a byte-level BPE (its GGUF file says "gpt2"): convert it as one; the
+# converter would first try the Llama-2 HF vocabulary path, whose SPM-style vocabulary makes
+# llama-server fail every request
+llama.LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+# as transformers writes it from the GGUF file it hashes unlike the hub's files: name its
+# pre-tokenizer (llama.cpp's "smollm") instead of failing on the unknown hash
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
 sys.argv = [tree + "/convert_hf_to_gguf.py", *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
