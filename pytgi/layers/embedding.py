@@ -180,7 +180,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             logits = self.head_method.apply(self, hidden)  # [N, real rows of this rank]
             if self.bias is not None:
                 logits = logits + self.bias[: logits.shape[1]]
-            return F.pad(logits, (0, self.num_local - logits.shape[1]))
+            padding = self.num_local - logits.shape[1]  # F.pad copies even when it pads nothing
+            return F.pad(logits, (0, padding)) if padding else logits
         if self.blocks is None:
             return F.linear(hidden, self.weight, self.bias)
         logits = packed_matmul(hidden, self.blocks, self.bias_packed, self.kernels)

@@ -182,6 +182,26 @@ def test_vnni_equals_avx2_at_the_saturation_bounds(ops, vnni, fmt):
         assert ((y_vnni.double() - expected).abs().max() / expected.abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("fmt", [INT8, INT4])
+def test_vnni_zmm_pairs_split_at_any_group(ops, vnni, fmt):
+    # The AVX-512 table multiplies 4- and 8-bit codes two 8-column groups at a time (zmm) and
+    # leaves an odd group to the ymm pass; the threads split the groups anywhere. Every split and
+    # row count gives the scalar table's bits.
+    n, k = 88, 160  # 11 groups
+    w = random_weight(fmt, n, k, 32, affine=fmt == INT4, half=True, seed=7)
+    threads = torch.get_num_threads()
+    try:
+        for m in [1, 4, 6, 65]:
+            x = torch.randn(m, k)
+            expected = ops.quant_linear(x, *w.kernel_args(), None, True, isa="scalar")
+            for n_threads in (1, 2, 3):
+                torch.set_num_threads(n_threads)
+                y = ops.quant_linear(x, *w.kernel_args(), None, True, isa=vnni)
+                assert torch.equal(y, expected), (m, n_threads)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_vnni_is_what_auto_picks_and_can_be_forced(ops, vnni):
     """The platform names its table once (DeviceConfig.quant_isa) and every product runs on it;
     "auto" is the best, an unknown or unavailable table fails at start-up."""

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from pytgi.backends.cpu import kernels
+from pytgi.backends.cpu.platform import CpuPlatform
 from pytgi.backends.cpu.quant_layout import FP8
 from pytgi.backends.cpu.quant_ops import CpuQuantOps
 from pytgi.backends.cpu.quant_packing import pack_codebook, pack_quantized
+from pytgi.config import DeviceConfig
 from pytgi.layers.quantization.quantizers import (
     quantize_codebook,
     quantize_fp8,
@@ -28,7 +30,9 @@ from pytgi.layers.quantization.unquantized import pack_column_tiles, packed_matm
 # row counts: decode (1), verify (2-5 with --speculate 1-4), the register / panel switch of the
 # fp32-activation kernels (8, 9), prefill chunks, and past the int8 kernels' 64-row chunk
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 64, 70)
-N, K = 40, 96  # a partial 16-column tile and a K of three 32-blocks
+# a partial 16-column tile and a K of three 32-blocks; 5 groups of 8 columns: the AVX-512 table
+# runs pairs of groups on zmm and the odd one on ymm
+N, K = 40, 96
 
 QUANTIZED = {
     "Q8_0": lambda w: pack_quantized([quantize_q8_0(w)]),
@@ -80,6 +84,26 @@ def test_quantized_kernels(ops, name, acts):
         pytest.skip("fp8 has no int8-activation kernel")
     bias = torch.randn(N)
     assert_row_invariant(lambda x: CpuQuantOps(ops).linear(x, packed, bias, acts == "int8"))
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_every_table_forced_through_the_platform(ops, name):
+    """Each kernel table the CPU has (AVX-512 VNNI's zmm pairs of groups, AVX2, scalar), chosen
+    as the platform chooses it at start-up (DeviceConfig.quant_isa), keeps rows invariant, on
+    one thread and on two (the threads split the groups at any group, odd ones included)."""
+    w, _ = _inputs()
+    packed = QUANTIZED[name](w)
+    bias = torch.randn(N)
+    threads = torch.get_num_threads()
+    try:
+        for isa in ops.quant_isas():
+            quant_ops = CpuPlatform(DeviceConfig(quant_isa=isa)).quant_ops(torch.float32)
+            assert quant_ops.isa == isa
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                assert_row_invariant(lambda x, q=quant_ops: q.linear(x, packed, bias, True))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_decode_attention_rows(ops):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -172,6 +173,18 @@ def test_smollm2_answers_a_chat(smollm2_gguf, tmp_path):
             temperature=0,
         )
         assert out.choices[0].message.content == "The capital of Germany is Berlin."
+        # concurrent requests share steps (several rows per linear: the multi-row kernels, and
+        # batched prefill) and still get the tokens each gets alone
+        tgi = Client(server.url, timeout=120)
+        prompts = [*PROMPTS, "Count to five:", "Name a colour:", "Once upon a time"]
+
+        def greedy(text: str) -> list[int]:
+            out = tgi.generate(text, max_new_tokens=NEW_TOKENS)
+            return [t.id for t in out.details.tokens]
+
+        alone = [greedy(p) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            assert list(pool.map(greedy, prompts)) == alone
     finally:
         server.stop()
 

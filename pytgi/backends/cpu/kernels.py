@@ -42,6 +42,7 @@ SOURCES = [
     CSRC / "quant_avx2_i8.cpp",
     CSRC / "quant_avx2_f32.cpp",
     CSRC / "quant_vnni_i8.cpp",
+    CSRC / "quant_vnni512.cpp",
 ]
 HEADERS = [
     CSRC / "common.h",

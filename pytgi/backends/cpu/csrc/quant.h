@@ -102,6 +102,12 @@ const Kernels& scalar_kernels();
 const Kernels* avx2_kernels();  // null when this build has no AVX2 code
 const Kernels* vnni_kernels();  // AVX2 + vpdpbusd int8 passes; null when not compiled in
 
+// The AVX-512 VNNI table's zmm passes (quant_vnni512.cpp): gemm_i8 over the pairs of groups in
+// [g0, g1) for 4-bit and 8-bit codes; returns the first group it left (g1, or g1 - 1 for an odd
+// count; g0 for a format it leaves to the ymm passes, or when compiled out).
+int64_t vnni512_gemm_pairs(const Matrix& w, const Acts& a, int64_t rows, int64_t g0, int64_t g1,
+                           float* y, int64_t ys, const float* bias);
+
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;

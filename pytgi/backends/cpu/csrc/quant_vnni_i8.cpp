@@ -43,7 +43,9 @@ struct VnniDot {
 
 void gemm_i8_vnni(const Matrix& w, const Acts& a, int64_t rows, int64_t g0, int64_t g1,
                   float* y, int64_t ys, const float* bias) {
-  gemm_i8_with<VnniDot>(w, a, rows, g0, g1, y, ys, bias);
+  // 4- and 8-bit codes: pairs of groups on zmm (quant_vnni512.cpp); the rest here
+  const int64_t done = vnni512_gemm_pairs(w, a, rows, g0, g1, y, ys, bias);
+  if (done < g1) gemm_i8_with<VnniDot>(w, a, rows, done, g1, y, ys, bias);
 }
 
 }  // namespace
