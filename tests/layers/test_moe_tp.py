@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from layers.test_tp import free_port
+from fixtures.two_ranks import run_on_two_ranks
 
 pytestmark = pytest.mark.tp
 
@@ -109,19 +108,12 @@ def _check_llama4_block() -> None:
         torch.testing.assert_close(block(x), reference(x)[0], rtol=1e-4, atol=1e-4)
 
 
-def _run_rank(rank: int, port: int) -> None:
-    from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+def _check_rank(rank: int, tp) -> None:
     from pytgi.layers.build_context import BuildContext, build_context
 
-    torch.set_num_threads(1)
-    tp = init_distributed(rank, 2, "127.0.0.1", port)
-    try:
-        torch.manual_seed(0)  # both ranks draw the same full weights and inputs
-        with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
-            _check_block()
-            _check_llama4_block()
-    finally:
-        destroy_distributed()
+    with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
+        _check_block()
+        _check_llama4_block()
 
 
 def test_llama4_block_equals_transformers_unsharded():
@@ -130,11 +122,4 @@ def test_llama4_block_equals_transformers_unsharded():
 
 
 def test_expert_sharded_block_equals_unsharded():
-    port = free_port()
-    other = mp.get_context("spawn").Process(target=_run_rank, args=(1, port), daemon=True)
-    other.start()
-    try:
-        _run_rank(0, port)
-    finally:
-        other.join(60)
-    assert other.exitcode == 0, f"rank 1 failed (exit code {other.exitcode}); see its stderr"
+    run_on_two_ranks(_check_rank)
