@@ -3,24 +3,14 @@ more shards than visible GPUs, and a GGUF model (its kernels are CPU-only)."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from pytgi.cli import configs
 from pytgi.cli.main import launcher_main
 from pytgi.errors import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """The launcher points the root logger at this test's (captured, then closed) stderr: put
-    the handlers back so later tests do not log into a closed stream."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+# the launcher points the root logger at the captured stderr (tests/cli/conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def test_more_shards_than_visible_gpus_is_one_line():

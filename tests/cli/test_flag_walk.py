@@ -12,7 +12,6 @@ and ignored.
 
 from __future__ import annotations
 
-import logging
 import re
 import subprocess
 import sys
@@ -25,6 +24,9 @@ from pytgi.cli.flags import REFUSED_FLAGS
 from pytgi.cli.main import build_parser, launcher_main
 from pytgi.config import CacheInfo
 from pytgi.errors import ConfigError
+
+# the launcher points the root logger at the captured stderr (tests/cli/conftest.py)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPATIBILITY_DOC = ROOT / "docs" / "TGI_COMPATIBILITY.md"
@@ -207,17 +209,6 @@ def documented_noops() -> set[str]:
 
 
 REFUSED = {flag.name: flag for flag in REFUSED_FLAGS}
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """The launcher points the root logger at this test's (captured, then closed) stderr: put
-    the handlers back so later tests do not log into a closed stream."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_every_accepted_flag_is_wired_refused_or_a_documented_noop():

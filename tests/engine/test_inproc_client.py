@@ -59,21 +59,28 @@ def test_closing_a_stream_aborts_and_frees_blocks():
     assert kv.num_free_blocks == kv.num_blocks
 
 
-def test_a_dead_engine_fails_open_streams():
-    class Exploding(FakeExecutor):
+def generate_on_failing_steps(error: type[Exception], message: str):
+    """One request on an engine whose every step raises error(message): (tokens, last delta,
+    whether the client is still alive)."""
+
+    class Failing(FakeExecutor):
         def execute(self, out, grammar_masks=None):
-            raise SystemError("boom")
+            raise error(message)
 
     async def main():
         core, _ = make_core()
-        core.executor = Exploding()
+        core.executor = Failing()
         client = InprocEngineClient(core)
         tokens, last = await collect(client.generate(request("x", [1, 2], max_new=3)))
         alive = client.is_alive
         await client.shutdown()
         return tokens, last, alive
 
-    tokens, last, alive = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_dead_engine_fails_open_streams():
+    tokens, last, alive = generate_on_failing_steps(SystemError, "boom")
     assert tokens == [] and last.finished and "boom" in last.error
     assert alive  # a failed step fails its batch; the engine keeps serving
 
@@ -82,20 +89,8 @@ def test_an_engine_dead_error_in_a_step_ends_the_engine():
     """A dead tensor-parallel rank is not one batch's failure: the engine stops serving."""
     from pytgi.errors import EngineDeadError
 
-    class LostShard(FakeExecutor):
-        def execute(self, out, grammar_masks=None):
-            raise EngineDeadError("tensor-parallel rank 1 died (exit code -9: SIGKILL)")
-
-    async def main():
-        core, _ = make_core()
-        core.executor = LostShard()
-        client = InprocEngineClient(core)
-        tokens, last = await collect(client.generate(request("x", [1, 2], max_new=3)))
-        alive = client.is_alive
-        await client.shutdown()
-        return tokens, last, alive
-
-    tokens, last, alive = asyncio.run(main())
+    died = "tensor-parallel rank 1 died (exit code -9: SIGKILL)"
+    tokens, last, alive = generate_on_failing_steps(EngineDeadError, died)
     assert tokens == [] and last.finished
-    assert last.error == "EngineDeadError: tensor-parallel rank 1 died (exit code -9: SIGKILL)"
+    assert last.error == f"EngineDeadError: {died}"
     assert not alive

@@ -7,29 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures.tiny_models import ARCHS
-from models.runner_utils import load_hf, prompt
+from models.runner_utils import hf_greedy_logprobs, load_hf, prompt
 
 from pytgi.messages.sampling_params import SamplingParams
 from pytgi.runtime.llm import LLM
 
 NEW_TOKENS = 32
-
-
-@torch.no_grad()
-def reference(hf, ids: list[int]) -> tuple[list[int], list[float]]:
-    """transformers' greedy tokens and the log-softmax of each chosen token."""
-    out = hf.generate(
-        torch.tensor([ids]),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=3,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    scores = zip(out.scores, tokens, strict=True)
-    logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in scores]
-    return tokens, logprobs
 
 
 def check(outputs, prompts, refs):
@@ -64,7 +47,7 @@ def check_engine_matches_transformers(arch, tiny_model_factory):
     mixed = [prompt(3, 2), prompt(29, 3), shared + prompt(5, 4), prompt(12, 5)]
     hits = [shared + prompt(9, 6), shared[:16] + prompt(2, 7)]
     crowd = [prompt(8 + 3 * i, 10 + i) for i in range(6)]
-    refs = {tuple(ids): reference(hf, ids) for ids in mixed + hits + crowd}
+    refs = {tuple(ids): hf_greedy_logprobs(hf, ids, NEW_TOKENS) for ids in mixed + hits + crowd}
     # 4-token blocks, a 16-token step budget (prompts are chunked, decodes mix with prefills) and
     # 40 blocks: the crowd of six 40-token sequences cannot fit at once, so requests get preempted
     llm = LLM(str(model_dir), block_size=4, num_blocks=40, max_batch_prefill_tokens=16)

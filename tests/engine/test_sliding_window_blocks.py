@@ -6,8 +6,7 @@ layer windowed, W = 24) holding a window's worth of blocks while its tokens stay
 from __future__ import annotations
 
 import torch
-from engine.test_llm_parity import reference
-from models.runner_utils import load_hf, prompt
+from models.runner_utils import hf_greedy_logprobs, load_hf, prompt
 
 from pytgi.engine.kv_cache_manager import NULL_BLOCK, KVCacheManager
 from pytgi.messages.request import EngineRequest
@@ -66,7 +65,7 @@ def test_a_long_request_holds_only_its_window(tiny_model_factory):
     torch.set_num_threads(1)
     model_dir = tiny_model_factory("mistral")
     ids = prompt(120, 9)
-    tokens, logprobs = reference(load_hf(model_dir), ids)  # 32 new tokens
+    tokens, logprobs = hf_greedy_logprobs(load_hf(model_dir), ids, 32)
     llm = LLM(str(model_dir), block_size=4, num_blocks=64, max_batch_prefill_tokens=16)
     try:
         kv = llm.core.scheduler.kv

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
+from layers.moe_utils import load_experts, load_shared_expert, per_token_experts
 
 from pytgi.layers.moe.block import SparseMoeBlock
 from pytgi.layers.moe.config import GROUP_LIMITED, NOAUX_TC, SPARSEMIXER, MoEConfig
@@ -34,19 +34,19 @@ def _load_block(block: SparseMoeBlock, hf_block, names=("gate_proj", "up_proj", 
     block.gate.weight.copy_(hf_block.gate.weight)
     if block.gate.e_score_correction_bias is not None:
         block.gate.e_score_correction_bias.copy_(hf_block.gate.e_score_correction_bias)
-    experts = block.experts
-    for e, expert in enumerate(hf_block.experts):
-        experts.weight_loader(experts.w13_weight, getattr(expert, gate).weight, "w1", e)
-        experts.weight_loader(experts.w13_weight, getattr(expert, up).weight, "w3", e)
-        experts.weight_loader(experts.w2_weight, getattr(expert, down).weight, "w2", e)
+    experts = hf_block.experts
+    load_experts(
+        block.experts,
+        [getattr(expert, gate).weight for expert in experts],
+        [getattr(expert, up).weight for expert in experts],
+        [getattr(expert, down).weight for expert in experts],
+    )
     hf_shared = getattr(hf_block, "shared_expert", None) or getattr(
         hf_block, "shared_experts", None
     )
     if hf_shared is not None:
-        fused = block.shared_experts.gate_up_proj
-        fused.weight_loader(fused.weight, hf_shared.gate_proj.weight, 0)
-        fused.weight_loader(fused.weight, hf_shared.up_proj.weight, 1)
-        block.shared_experts.down_proj.weight.copy_(hf_shared.down_proj.weight)
+        shared = (hf_shared.gate_proj, hf_shared.up_proj, hf_shared.down_proj)
+        load_shared_expert(block.shared_experts, *(linear.weight for linear in shared))
     if block.shared_expert_gate is not None:
         block.shared_expert_gate.weight.copy_(hf_block.shared_expert_gate.weight)
 
@@ -241,13 +241,8 @@ def test_ties_and_grouped_execution_match_a_per_token_reference():
     assert torch.allclose(weights[:3], torch.full((3, 2), 0.5))
     assert all(set(row) <= {0, 1, 2} and len(set(row)) == 2 for row in ids[:3].tolist())
     experts = block.experts
-    expected = torch.zeros_like(x)
-    for t in range(9):
-        for j in range(2):
-            e = int(ids[t, j])
-            gate, up = experts.w13_weight[e].chunk(2)
-            h = F.silu(x[t] @ gate.t()) * (x[t] @ up.t())
-            expected[t] += weights[t, j] * (h @ experts.w2_weight[e].t())
+    gate, up = experts.w13_weight.chunk(2, dim=1)  # [E, I, H] each
+    expected = per_token_experts(x, weights, ids, gate, up, experts.w2_weight)
     torch.testing.assert_close(experts(x, weights, ids), expected, atol=1e-5, rtol=1e-5)
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
-from layers.test_tp import free_port
+from fixtures.two_ranks import run_on_two_ranks
+from layers.moe_utils import load_experts, load_shared_expert, per_token_experts
 
 pytestmark = pytest.mark.tp
 
@@ -19,12 +19,7 @@ HIDDEN, EXPERT, SHARED, NUM_EXPERTS = 8, 12, 16, 4
 def _reference(x, gate, w1, w3, w2, shared, shared_gate, top_k):
     """Per token: softmax top-k (not renormalised) over full experts, plus the gated shared MLP."""
     weights, ids = (x @ gate.T).softmax(-1).topk(top_k, dim=-1)
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(top_k):
-            e = int(ids[t, j])
-            h = F.silu(x[t] @ w1[e].T) * (x[t] @ w3[e].T)
-            out[t] += weights[t, j] * (h @ w2[e].T)
+    out = per_token_experts(x, weights, ids, w1, w3, w2)
     sg, su, sd = shared
     shared_out = (F.silu(x @ sg.T) * (x @ su.T)) @ sd.T
     return out + torch.sigmoid(x @ shared_gate.T) * shared_out
@@ -52,15 +47,8 @@ def _check_block() -> None:
     with torch.no_grad():
         block.gate.weight.copy_(gate)
         experts = block.experts
-        for e in range(NUM_EXPERTS):
-            experts.weight_loader(experts.w13_weight, w1[e], "w1", e)
-            experts.weight_loader(experts.w13_weight, w3[e], "w3", e)
-            experts.weight_loader(experts.w2_weight, w2[e], "w2", e)
-        fused = block.shared_experts.gate_up_proj
-        fused.weight_loader(fused.weight, shared[0], 0)
-        fused.weight_loader(fused.weight, shared[1], 1)
-        down = block.shared_experts.down_proj
-        down.weight_loader(down.weight, shared[2])
+        load_experts(experts, w1, w3, w2)
+        load_shared_expert(block.shared_experts, *shared)
         block.shared_expert_gate.weight_loader(block.shared_expert_gate.weight, shared_gate)
         assert experts.w13_weight.shape == (NUM_EXPERTS, EXPERT, HIDDEN)  # half of 2 * EXPERT
         expected = _reference(x, gate, w1, w3, w2, shared, shared_gate, 2)
@@ -100,28 +88,18 @@ def _check_llama4_block() -> None:
         experts = block.experts
         experts.weight_loader(experts.w13_weight, reference.experts.gate_up_proj, "w13_in_out")
         experts.weight_loader(experts.w2_weight, reference.experts.down_proj, "w2_in_out")
-        shared, ref_shared = block.shared_experts, reference.shared_expert
-        shared.gate_up_proj.weight_loader(
-            shared.gate_up_proj.weight, ref_shared.gate_proj.weight, 0
-        )
-        shared.gate_up_proj.weight_loader(shared.gate_up_proj.weight, ref_shared.up_proj.weight, 1)
-        shared.down_proj.weight_loader(shared.down_proj.weight, ref_shared.down_proj.weight)
+        ref_shared = reference.shared_expert
+        linears = (ref_shared.gate_proj, ref_shared.up_proj, ref_shared.down_proj)
+        load_shared_expert(block.shared_experts, *(linear.weight for linear in linears))
         torch.testing.assert_close(block(x), reference(x)[0], rtol=1e-4, atol=1e-4)
 
 
-def _run_rank(rank: int, port: int) -> None:
-    from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
+def _check_rank(rank: int, tp) -> None:
     from pytgi.layers.build_context import BuildContext, build_context
 
-    torch.set_num_threads(1)
-    tp = init_distributed(rank, 2, "127.0.0.1", port)
-    try:
-        torch.manual_seed(0)  # both ranks draw the same full weights and inputs
-        with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
-            _check_block()
-            _check_llama4_block()
-    finally:
-        destroy_distributed()
+    with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
+        _check_block()
+        _check_llama4_block()
 
 
 def test_llama4_block_equals_transformers_unsharded():
@@ -130,11 +108,4 @@ def test_llama4_block_equals_transformers_unsharded():
 
 
 def test_expert_sharded_block_equals_unsharded():
-    port = free_port()
-    other = mp.get_context("spawn").Process(target=_run_rank, args=(1, port), daemon=True)
-    other.start()
-    try:
-        _run_rank(0, port)
-    finally:
-        other.join(60)
-    assert other.exitcode == 0, f"rank 1 failed (exit code {other.exitcode}); see its stderr"
+    run_on_two_ranks(_check_rank)

@@ -3,21 +3,14 @@ computation. Rank 0 runs in the test process, rank 1 in one spawned process."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import replace
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from fixtures.two_ranks import run_on_two_ranks
 
 pytestmark = pytest.mark.tp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load(layer, name, tensor, shard_id=None):
@@ -141,33 +134,19 @@ def _check_quantized_mlp(x):
     torch.testing.assert_close(down_proj(h), hidden @ down.dequantize().T, rtol=1e-4, atol=1e-4)
 
 
-def _run_rank(rank: int, port: int) -> None:
+def _check_rank(rank: int, tp) -> None:
     from pytgi.distributed.comm import tp_min
-    from pytgi.distributed.parallel_state import destroy_distributed, init_distributed
     from pytgi.layers.build_context import BuildContext, build_context
 
-    torch.set_num_threads(1)
-    tp = init_distributed(rank, 2, "127.0.0.1", port)
-    try:
-        torch.manual_seed(0)  # both ranks draw the same full weights and inputs
-        x = torch.randn(5, 8)
-        with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
-            _check_mlp(x)
-            _check_qkv(x)
-            _check_vocab(rank)
-            _check_quantized_mlp(torch.randn(5, 64))
-        assert tp_min(10 + rank) == 10
-        _check_step_transport(rank)
-    finally:
-        destroy_distributed()
+    x = torch.randn(5, 8)
+    with build_context(BuildContext(tp=tp)):  # layers built here are this rank's shard
+        _check_mlp(x)
+        _check_qkv(x)
+        _check_vocab(rank)
+        _check_quantized_mlp(torch.randn(5, 64))
+    assert tp_min(10 + rank) == 10
+    _check_step_transport(rank)
 
 
 def test_sharded_layers_equal_unsharded():
-    port = free_port()
-    other = mp.get_context("spawn").Process(target=_run_rank, args=(1, port), daemon=True)
-    other.start()
-    try:
-        _run_rank(0, port)
-    finally:
-        other.join(60)
-    assert other.exitcode == 0, f"rank 1 failed (exit code {other.exitcode}); see its stderr"
+    run_on_two_ranks(_check_rank)

@@ -73,6 +73,22 @@ def hf_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
     return hf_model(torch.tensor([token_ids])).logits[0]
 
 
+@torch.no_grad()
+def hf_greedy_logprobs(hf_model, ids: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens after `ids` and the log-softmax of each chosen token."""
+    out = hf_model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=3,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    scores = zip(out.scores, tokens, strict=True)
+    return tokens, [torch.log_softmax(s[0], -1)[t].item() for s, t in scores]
+
+
 def prompt(length: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, 384, (length,), generator=g).tolist()

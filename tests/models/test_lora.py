@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from fixtures.lora_adapters import ADAPTERS, make_adapter, merged_model
-from models.runner_utils import load_hf, prompt
+from models.runner_utils import hf_greedy_logprobs, load_hf, prompt
 
 from pytgi.config import LoRAAdapter, parse_lora_adapters
 from pytgi.errors import ConfigError, ModelLoadError
@@ -26,23 +26,6 @@ def lora_dirs(tiny_model_factory, tmp_path_factory):
         for i, (name, options) in enumerate(ADAPTERS.items())
     }
     return base, adapters
-
-
-@torch.no_grad()
-def greedy(hf, ids: list[int]) -> tuple[list[int], list[float]]:
-    out = hf.generate(
-        torch.tensor([ids]),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        pad_token_id=3,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.scores, tokens, strict=True)
-    ]
-    return tokens, logprobs
 
 
 def test_mixed_batch_matches_peft_merged_models(lora_dirs):
@@ -65,7 +48,7 @@ def check_mixed_adapter_batch(lora_dirs, **engine_options) -> None:
         ("all-r4", shared + prompt(5, 6)),
         (None, shared + prompt(2, 7)),
     ]
-    expected = [greedy(refs[a], ids) for a, ids in requests]
+    expected = [hf_greedy_logprobs(refs[a], ids, NEW_TOKENS) for a, ids in requests]
     spec = ",".join(f"{k}={d}" for k, d in adapters.items())
     llm = LLM(str(base), lora_adapters=spec, block_size=4, num_blocks=200,
               max_batch_prefill_tokens=16, **engine_options)  # fmt: skip
@@ -78,7 +61,7 @@ def check_mixed_adapter_batch(lora_dirs, **engine_options) -> None:
             assert out.token_ids == tokens
             assert out.logprobs == pytest.approx(logprobs, abs=2e-3)
         # the adapters change the outputs (a no-op adapter would pass the checks above)
-        assert len({tuple(greedy(refs[a], ids[1])[0]) for a in refs}) > 1
+        assert len({tuple(hf_greedy_logprobs(refs[a], ids[1], NEW_TOKENS)[0]) for a in refs}) > 1
         # prefix hits: the shared prefix is cached per adapter, never across adapters
         again = [("all-r4", shared + prompt(4, 8)), ("patterns", shared + prompt(4, 9))]
         outs = llm.generate(
@@ -87,7 +70,7 @@ def check_mixed_adapter_batch(lora_dirs, **engine_options) -> None:
         )  # fmt: skip
         assert [o.num_cached_tokens for o in outs] == [24, 0]
         for out, (a, i) in zip(outs, again, strict=True):
-            assert out.token_ids == greedy(refs[a], i)[0]
+            assert out.token_ids == hf_greedy_logprobs(refs[a], i, NEW_TOKENS)[0]
     finally:
         llm.close()
 
@@ -102,7 +85,7 @@ def test_quantized_base_with_adapter(lora_dirs):
         ids = prompt(9, 11)
         plain, adapted = llm.generate([ids, ids], max_new_tokens=NEW_TOKENS, ignore_eos=True,
                                       adapter_ids=[None, "a"])  # fmt: skip
-        expected = greedy(merged_model(base, adapters["all-r4"]), ids)[0]
+        expected = hf_greedy_logprobs(merged_model(base, adapters["all-r4"]), ids, NEW_TOKENS)[0]
         assert adapted.token_ids[:4] == expected[:4]
         assert adapted.token_ids != plain.token_ids
     finally:
@@ -169,6 +152,6 @@ def test_tensor_parallel_adapters_match_one_shard(lora_dirs):
     finally:
         llm.close()
     for out, (a, i) in zip(outs, requests, strict=True):
-        tokens, logprobs = greedy(refs[a], i)
+        tokens, logprobs = hf_greedy_logprobs(refs[a], i, NEW_TOKENS)
         assert out.token_ids == tokens
         assert out.logprobs == pytest.approx(logprobs, abs=2e-3)

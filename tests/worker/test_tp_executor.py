@@ -4,10 +4,9 @@ through the real launcher: tests/e2e/test_tp_faults.py."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
+from e2e.server import free_port
 from models.runner_utils import BlockAllocator, prompt, scheduled, step
 
 from pytgi.config import CacheConfig, EngineConfig, ModelConfig, ParallelConfig, SchedulerConfig
@@ -15,12 +14,6 @@ from pytgi.errors import EngineDeadError
 from pytgi.worker.executor import MultiprocExecutor, UniprocExecutor, create_executor
 
 pytestmark = pytest.mark.tp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(model_dir, num_shard: int) -> EngineConfig:
