@@ -4,7 +4,8 @@ architecture, the log the native implementation), greedy tokens through TGI's cl
 transformers' generate in one continuous batch, on one rank and with DeepSeek's experts and
 latent-attention heads (and Llama 4's) sharded over two ranks (each rank holds its slice of
 every expert); and DeepSeek-V3 stored as DeepSeek ships V3 / R1 (every linear block-wise FP8
-with `weight_scale_inv`, kv_b_proj included), equal to transformers on the dequantized weights."""
+with `weight_scale_inv`, kv_b_proj included) over two ranks, equal to transformers on the
+dequantized weights."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ CASES = {
     "mixtral": ("mixtral", "MixtralForCausalLM", ()),
     "mixtral-gguf": ("mixtral", "MixtralForCausalLM", ()),  # llama.cpp's stacked-expert file
     "deepseek_v3-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
-    "deepseek_v3-fp8": ("deepseek_v3", "DeepseekV3ForCausalLM", ()),  # DeepSeek's FP8 layout
+    # DeepSeek's FP8 layout as a real V3 / R1 is served: sharded (one rank: test_moe_fp8.py)
+    "deepseek_v3-fp8-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
     # chunked attention, no-rope layers, sigmoid router; heads and experts over two ranks
     "llama4-tp2": ("llama4", "Llama4ForCausalLM", ("--num-shard", "2")),
 }
@@ -39,7 +41,7 @@ def served(request, tiny_model_factory, tmp_path_factory):
 
         served_path = tmp_path_factory.mktemp("moe-gguf") / f"tiny-{arch}.gguf"
         write_llama_gguf(model_dir, served_path)
-    if request.param.endswith("-fp8"):  # the reference holds the dequantized weights
+    if "-fp8" in request.param:  # the reference holds the dequantized weights
         from fixtures.prequantized import write_deepseek_fp8
 
         source = tiny_model_factory(arch, q_lora_rank=48)  # with q_a_proj / q_b_proj
