@@ -42,9 +42,9 @@ def served(request, tiny_model_factory, tmp_path_factory):
         served_path = tmp_path_factory.mktemp("moe-gguf") / f"tiny-{arch}.gguf"
         write_llama_gguf(model_dir, served_path)
     if "-fp8" in request.param:  # the reference holds the dequantized weights
-        from fixtures.prequantized import write_deepseek_fp8
+        from fixtures.prequantized import DEEPSEEK_FP8_OVERRIDES, write_deepseek_fp8
 
-        source = tiny_model_factory(arch, q_lora_rank=48)  # with q_a_proj / q_b_proj
+        source = tiny_model_factory(arch, **DEEPSEEK_FP8_OVERRIDES)  # q_lora, multi-block
         served_path, model_dir = write_deepseek_fp8(source, tmp_path_factory.mktemp("moe-fp8"))
     log = tmp_path_factory.mktemp(f"moe-{request.param}") / "server.log"
     server = ServerProcess(served_path, *extra, log_path=log)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fixtures.prequantized import write_deepseek_fp8
+from fixtures.prequantized import DEEPSEEK_FP8_OVERRIDES, write_deepseek_fp8
 from models.runner_utils import load_hf, make_runner
 from models.test_parity import (  # noqa: F401 (collected here with this module's `pair`)
     test_chunked_prefill_mixed_with_decode,
@@ -19,12 +19,10 @@ from models.test_parity import (  # noqa: F401 (collected here with this module'
     test_mixed_prompts_in_one_step,
 )
 
-Q_LORA = {"q_lora_rank": 48}  # the tiny V3 without it has no q_a_proj / q_b_proj
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model_factory, tmp_path_factory):
-    source = tiny_model_factory("deepseek_v3", **Q_LORA)
+    source = tiny_model_factory("deepseek_v3", **DEEPSEEK_FP8_OVERRIDES)
     return write_deepseek_fp8(source, tmp_path_factory.mktemp("deepseek-fp8"))
 
 
@@ -41,6 +39,8 @@ def test_every_linear_but_router_and_head_is_fp8(pair, checkpoints):
     _, runner, hf = pair
     fp8 = load_file(checkpoints[0] / "model.safetensors")
     assert fp8["model.layers.0.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
+    assert fp8["model.layers.0.self_attn.kv_b_proj.weight_scale_inv"].shape == (2, 1)
+    assert fp8["model.layers.0.mlp.down_proj.weight_scale_inv"].shape == (1, 2)
     assert fp8["model.layers.2.mlp.gate.weight"].dtype == torch.float32
 
     def method(module) -> str:
