@@ -3,7 +3,9 @@ attention and its latent cache; Llama 4's text model): served natively (`/info` 
 architecture, the log the native implementation), greedy tokens through TGI's client equal
 transformers' generate in one continuous batch, on one rank and with DeepSeek's experts and
 latent-attention heads (and Llama 4's) sharded over two ranks (each rank holds its slice of
-every expert)."""
+every expert); and DeepSeek-V3 stored as DeepSeek ships V3 / R1 (every linear block-wise FP8
+with `weight_scale_inv`, kv_b_proj included) over two ranks, equal to transformers on the
+dequantized weights."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ CASES = {
     "mixtral": ("mixtral", "MixtralForCausalLM", ()),
     "mixtral-gguf": ("mixtral", "MixtralForCausalLM", ()),  # llama.cpp's stacked-expert file
     "deepseek_v3-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
+    # DeepSeek's FP8 layout as a real V3 / R1 is served: sharded (one rank: test_moe_fp8.py)
+    "deepseek_v3-fp8-tp2": ("deepseek_v3", "DeepseekV3ForCausalLM", ("--num-shard", "2")),
     # chunked attention, no-rope layers, sigmoid router; heads and experts over two ranks
     "llama4-tp2": ("llama4", "Llama4ForCausalLM", ("--num-shard", "2")),
 }
@@ -37,6 +41,11 @@ def served(request, tiny_model_factory, tmp_path_factory):
 
         served_path = tmp_path_factory.mktemp("moe-gguf") / f"tiny-{arch}.gguf"
         write_llama_gguf(model_dir, served_path)
+    if "-fp8" in request.param:  # the reference holds the dequantized weights
+        from fixtures.prequantized import DEEPSEEK_FP8_OVERRIDES, write_deepseek_fp8
+
+        source = tiny_model_factory(arch, **DEEPSEEK_FP8_OVERRIDES)  # q_lora, multi-block
+        served_path, model_dir = write_deepseek_fp8(source, tmp_path_factory.mktemp("moe-fp8"))
     log = tmp_path_factory.mktemp(f"moe-{request.param}") / "server.log"
     server = ServerProcess(served_path, *extra, log_path=log)
     try:

@@ -1,73 +1,65 @@
-"""A DeepSeek-V3-style block-wise FP8 checkpoint (`weight_scale_inv` per 128 x 128 block, as
-DeepSeek ships V3 / R1) on the tiny DeepSeek-V3: its quantized experts (and attention
-projections) load through the pre-quantized FP8 path, one quantized pair per expert, and the
-logits equal transformers' on the dequantized weights."""
+"""A tiny DeepSeek-V3 (q_lora_rank set, dense first layer, shared expert) stored as DeepSeek
+ships V3 / R1: every linear block-wise FP8 (e4m3, `weight_scale_inv` per 128 x 128 block) -- the
+latent-attention projections q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj, the
+dense MLP, the shared and the routed experts -- with only the embeddings, norms, router and LM
+head in full precision. It loads (kv_b_proj dequantized once, the rest on the pre-quantized FP8
+path) and its logits and greedy tokens equal transformers' eager forward on the dequantized
+weights (transformers 4.57 refuses FP8 checkpoints without a GPU), in mixed batches with chunked
+prefill."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
+import pytest
 import torch
-from models.runner_utils import BlockAllocator, load_hf, make_runner, prompt, scheduled, step
-
-QUANTIZED = (".experts.", ".q_proj.", ".o_proj.")  # kv_b_proj stays in full precision
-
-
-def fp8_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [n, k] -> (e4m3 codes [n, k], weight_scale_inv [ceil(n/128), ceil(k/128)])."""
-    n, k = w.shape
-    blocks = torch.nn.functional.pad(w, (0, -k % 128, 0, -n % 128)).unflatten(0, (-1, 128))
-    blocks = blocks.unflatten(2, (-1, 128))  # [N/128, 128, K/128, 128]
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0  # [N/128, K/128]
-    expanded = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
-    return (w / expanded).to(torch.float8_e4m3fn), scale
+from fixtures.prequantized import DEEPSEEK_FP8_OVERRIDES, write_deepseek_fp8
+from models.runner_utils import load_hf, make_runner
+from models.test_parity import (  # noqa: F401 (collected here with this module's `pair`)
+    test_chunked_prefill_mixed_with_decode,
+    test_greedy_decode_matches_generate,
+    test_mixed_prompts_in_one_step,
+)
 
 
-def test_deepseek_fp8_checkpoint_matches_transformers_on_dequantized_weights(
-    tiny_model_factory, tmp_path
-):
-    from safetensors.torch import load_file, save_file
+@pytest.fixture(scope="module")
+def checkpoints(tiny_model_factory, tmp_path_factory):
+    source = tiny_model_factory("deepseek_v3", **DEEPSEEK_FP8_OVERRIDES)
+    return write_deepseek_fp8(source, tmp_path_factory.mktemp("deepseek-fp8"))
 
+
+@pytest.fixture(scope="module")
+def pair(checkpoints):
     torch.set_num_threads(1)
-    model_dir = tmp_path / "deepseek-fp8"
-    shutil.copytree(tiny_model_factory("deepseek_v3"), model_dir)
-    tensors = load_file(model_dir / "model.safetensors")
-    out, dequantized = {}, {}
-    for name, w in tensors.items():
-        if name.endswith(".weight") and w.dim() == 2 and any(q in name for q in QUANTIZED):
-            codes, scale = fp8_blockwise(w.float())
-            out[name], out[name.replace(".weight", ".weight_scale_inv")] = codes, scale
-            expanded = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
-            dequantized[name] = codes.float() * expanded[: w.shape[0], : w.shape[1]]
-        else:
-            out[name] = w
-    save_file(out, model_dir / "model.safetensors", {"format": "pt"})
-    config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [128, 128],
-    }
-    (model_dir / "config.json").write_text(json.dumps(config))
+    fp8_dir, reference_dir = checkpoints
+    return "deepseek_v3-fp8", make_runner(fp8_dir), load_hf(reference_dir)
 
-    runner = make_runner(model_dir)
-    experts = runner.model.model.layers[-1].mlp.experts
-    assert "Prequantized" in type(experts[0].gate_up_proj.quant_method).__name__
-    hf = load_hf(tiny_model_factory("deepseek_v3"))
-    with torch.no_grad():
-        for name, param in hf.named_parameters():
-            if name in dequantized:
-                param.copy_(dequantized[name])
-    blocks = BlockAllocator()
-    prompts = [prompt(n, seed=n) for n in (5, 19)]
-    logits = runner.forward(
-        step(
-            *(scheduled(f"r{i}", p, 0, len(p), blocks.take(len(p))) for i, p in enumerate(prompts))
-        )
-    )
-    for row, p in zip(logits, prompts, strict=True):
-        with torch.no_grad():
-            expected = hf(torch.tensor([p])).logits[0, -1]
-        assert (row - expected).abs().max() < 1e-3
+
+def test_every_linear_but_router_and_head_is_fp8(pair, checkpoints):
+    from safetensors.torch import load_file
+
+    _, runner, hf = pair
+    fp8 = load_file(checkpoints[0] / "model.safetensors")
+    assert fp8["model.layers.0.self_attn.kv_b_proj.weight"].dtype == torch.float8_e4m3fn
+    assert fp8["model.layers.0.self_attn.kv_b_proj.weight_scale_inv"].shape == (2, 1)
+    assert fp8["model.layers.0.mlp.down_proj.weight_scale_inv"].shape == (1, 2)
+    assert fp8["model.layers.2.mlp.gate.weight"].dtype == torch.float32
+
+    def method(module) -> str:
+        return type(getattr(module, "quant_method", None)).__name__
+
+    dense, moe = runner.model.model.layers[0], runner.model.model.layers[-1]
+    for module in (
+        dense.self_attn.q_a_proj,
+        dense.self_attn.q_b_proj,
+        dense.self_attn.kv_a_proj_with_mqa,
+        dense.self_attn.o_proj,
+        dense.mlp.gate_up_proj,
+        dense.mlp.down_proj,
+        moe.mlp.shared_experts.gate_up_proj,
+        moe.mlp.experts[0].gate_up_proj,
+        moe.mlp.experts[0].down_proj,
+    ):
+        assert method(module) == "PrequantizedLinearMethod"
+    assert method(runner.model.lm_head) != "PrequantizedLinearMethod"
+    # kv_b_proj: dequantized once at load, equal to the reference's (the format's own rule)
+    expected = hf.model.layers[0].self_attn.kv_b_proj.weight
+    assert torch.equal(dense.self_attn.kv_b_proj.weight, expected)
