@@ -1,73 +1,93 @@
 #!/usr/bin/env bash
-# The CUDA backend's validation on a GPU machine (issue 14), in one run of about 6-8 minutes:
-#   1. environment: nvidia-smi, torch / Triton / transformers versions;
-#   2. install: the carried wheels pytgi needs and the machine lacks (.gpu-wheels/, made by
-#      scripts/gpu_wheels.sh where PyPI is reachable), then `pip install --no-deps -e .`;
-#   3. a random-weight Llama-3.2-1B-shaped checkpoint in bf16 (scripts/make_smollm_shaped.py);
-#   4. the `gpu`-marked tests: fp32 greedy parity with transformers per tiny architecture (CUDA
-#      graphs on, and off for three), bf16 logits / top-1 agreement (tiny and 1B-shaped), graph
-#      replay vs eager, KV sizing after capture, generate / serve end to end, sampling on device;
-#   5. `pytgi bench` on the 1B-shaped model in bf16, graphs on: batch-1 decode as a fraction of
-#      the copy-bandwidth bound (target >= 0.6), batches 16 and 64 against transformers' static
-#      batching (target >= 3x);
-#   6. the same benchmark with CUDA_GRAPHS=0 (pytgi only): graphs on versus off.
-# Every phase has its own time limit and log; results land under $OUT (default ./gpu-results):
-# phases.txt, SUMMARY.md, *.log, junit.xml, tests/*.json (figures the tests measured),
-# bench_{graphs,eager}.{json,md}.
+# The CUDA backend's validation on a GPU machine, in one run of at most 6.5 minutes (the phase
+# limits add up to 390 s; a phase past its limit is killed and the next one starts):
+#   1. environment (20 s): nvidia-smi, torch / Triton / transformers versions;
+#   2. install (35 s): the carried wheels (.gpu-wheels/, scripts/gpu_wheels.sh: transformers and
+#      tokenizers at this project's versions, the server's dependencies) into /tmp/site, first on
+#      PYTHONPATH after the repository; nothing of the machine's own packages is touched;
+#   3. features (120 s): tests/backends/cuda/test_gpu_features.py (pre-quantized GPTQ / AWQ /
+#      compressed-tensors / FP8 checkpoints from .gpu-fixtures/, made by scripts/gpu_fixtures.py;
+#      MoE and MLA; Qwen2-VL with images; LoRA; bfloat16 / fp8 KV caches with CUDA graphs) and the
+#      Triton kernels' own tests on the device (test_quant_ops.py, test_triton_ops.py);
+#   4. tests (120 s): the earlier `gpu` tests (fp32 greedy parity per tiny architecture with and
+#      without CUDA graphs, bf16 logits, graph replay, KV sizing, generate / serve, sampling);
+#   5. model_1b (40 s): a random-weight Llama-3.2-1B-shaped bf16 checkpoint;
+#   6. bench (45 s): `pytgi bench` on it, graphs on, once (batch-1 decode against the copy-
+#      bandwidth bound, batch 16 against transformers' static batching);
+#   7. summary (10 s).
+# $OUT (default ./gpu-results) receives at most 5 files: phases.txt, gpu.log (every phase's log,
+# appended as each ends), junit.xml (both test phases), SUMMARY.md, bench_graphs.md. Scratch
+# (logs, measured figures, the 1B checkpoint) lives in PYTGI_GPU_WORK (default /tmp/pytgi-gpu).
 #
-#   bash scripts/gpu_validate.sh              # everything
-#   bash scripts/gpu_validate.sh tests        # phases 1-4 only; `bench`: 1-3, 5-6
-# Env: OUT, PYTHON (default python, else python3), PYTGI_WHEELS (default .gpu-wheels), PYTGI_GPU_WORK (scratch
-# for the 1B checkpoint, default /tmp/pytgi-gpu; reused when already there), PYTEST_ARGS (extra
-# pytest arguments, e.g. "-k parity" to rerun a subset).
+#   bash scripts/gpu_validate.sh            # everything
+#   bash scripts/gpu_validate.sh tests      # phases 1-4 and 7 only
+# Env: OUT, PYTHON (default python3), PYTGI_WHEELS (default .gpu-wheels), PYTGI_GPU_FIXTURES
+# (default .gpu-fixtures), PYTGI_GPU_WORK, PYTEST_ARGS (extra pytest arguments, e.g. "-k gptq").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"
 OUT="${OUT:-$PWD/gpu-results}"
-PY="${PYTHON:-$(command -v python || command -v python3)}"
+PY="${PYTHON:-$(command -v python3 || command -v python)}"
 WHEELS="${PYTGI_WHEELS:-.gpu-wheels}"
 WORK="${PYTGI_GPU_WORK:-/tmp/pytgi-gpu}"
+SITE="$WORK/site"
 MODEL_1B="$WORK/llama-3.2-1b-shaped"
-mkdir -p "$OUT" "$WORK"
-export PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
-export PYTGI_GPU_RESULTS="$OUT/tests" OUT PY WHEELS MODEL_1B
+mkdir -p "$OUT" "$WORK/logs"
+export PYTHONPATH="$PWD:$SITE" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
+export PYTGI_GPU_RESULTS="$WORK/tests" PYTGI_GPU_FIXTURES="${PYTGI_GPU_FIXTURES:-$PWD/.gpu-fixtures}"
+export OUT PY WHEELS WORK SITE MODEL_1B
 
-phase() {  # phase NAME LIMIT_S FUNCTION [ARGS...]: run with a time limit, log to $OUT/NAME.log
-  local name=$1 limit=$2 start rc
+phase() {  # phase NAME LIMIT_S FUNCTION [ARGS...]: run with a time limit; log appended to gpu.log
+  local name=$1 limit=$2 start rc log="$WORK/logs/$1.log"
   shift 2
   start=$(date +%s)
-  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
+  timeout --kill-after=5 "$limit" bash -c '"$@"' _ "$@" >"$log" 2>&1
   rc=$?
   echo "$name: exit $rc after $(($(date +%s) - start)) s (limit $limit s)" | tee -a "$OUT/phases.txt"
+  { echo "===== $name (exit $rc) ====="; tail -n 4000 "$log"; } >>"$OUT/gpu.log"
   return $rc
 }
 
 environment() {
   nvidia-smi
   "$PY" -c '
-import sys, torch, triton, transformers
+import sys, torch, triton, transformers, tokenizers
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
-      "triton", triton.__version__, "transformers", transformers.__version__)
-print("device", torch.cuda.get_device_name(), "free/total bytes", torch.cuda.mem_get_info())'
+      "triton", triton.__version__, "transformers", transformers.__version__,
+      "tokenizers", tokenizers.__version__)
+print("device", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability(),
+      "free/total bytes", torch.cuda.mem_get_info())'
+  ls "$WHEELS" | wc -l
+  ls "$PYTGI_GPU_FIXTURES"
 }
 
 install() {
-  local missing
-  missing=$("$PY" -c '
-import importlib.util
-needed = {"fastapi": "fastapi", "uvicorn": "uvicorn", "httpx": "httpx", "pydantic": "pydantic",
-          "prometheus_client": "prometheus_client", "jinja2": "Jinja2", "tqdm": "tqdm",
-          "pytest": "pytest", "safetensors": "safetensors", "tokenizers": "tokenizers",
-          "huggingface_hub": "huggingface_hub"}
-print(" ".join(p for m, p in needed.items() if importlib.util.find_spec(m) is None))')
-  if [[ -n "$missing" ]]; then
-    echo "installing from $WHEELS: $missing"
-    # shellcheck disable=SC2086
-    "$PY" -m pip install --no-index --find-links "$WHEELS" $missing || return 1
+  rm -rf "$SITE"
+  if ! "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl; then
+    echo "pip failed: unpacking the wheels instead"  # a wheel is an importable zip of its files
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    for wheel in "$WHEELS"/*.whl; do "$PY" -m zipfile -e "$wheel" "$SITE" || return 1; done
   fi
-  # editable, without touching the machine's torch (PYTHONPATH covers a failure here)
-  "$PY" -m pip install --no-deps --no-build-isolation -e . || echo "editable install failed"
-  "$PY" -c "import pytgi, fastapi, uvicorn, httpx, pytest; print('pytgi at', pytgi.__file__)"
+  "$PY" -c '
+import fastapi, uvicorn, httpx, pydantic, pytest, transformers, tokenizers, peft, llguidance, pytgi
+print("transformers", transformers.__version__, transformers.__file__)
+print("tokenizers", tokenizers.__version__, "peft", peft.__version__, "pytgi at", pytgi.__file__)
+assert transformers.__version__ == "4.57.6", "the carried transformers is not the one imported"'
+}
+
+features() {
+  # shellcheck disable=SC2086
+  "$PY" -m pytest -m "gpu or not gpu" -p no:cacheprovider -v -rfEs --durations=15 \
+    --junitxml="$WORK/junit_features.xml" ${PYTEST_ARGS:-} \
+    tests/backends/cuda/test_gpu_features.py tests/backends/cuda/test_quant_ops.py \
+    tests/backends/cuda/test_triton_ops.py
+}
+
+gpu_tests() {
+  # shellcheck disable=SC2086
+  "$PY" -m pytest -m gpu -p no:cacheprovider -v -rfEs --durations=15 \
+    --junitxml="$WORK/junit_tests.xml" ${PYTEST_ARGS:-} tests/backends/cuda \
+    --ignore=tests/backends/cuda/test_gpu_features.py tests/sampling/test_sampler_cuda.py
 }
 
 make_model() {
@@ -79,39 +99,27 @@ make_model() {
     --device cuda
 }
 
-gpu_tests() {
-  # shellcheck disable=SC2086
-  "$PY" -m pytest -m gpu -p no:cacheprovider -v -rfE --durations=25 \
-    --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} tests/backends/cuda \
-    tests/sampling/test_sampler_cuda.py
-}
-
-bench() {  # bench NAME [extra pytgi bench args]; NAME eager runs with CUDA_GRAPHS=0
-  local name=$1
-  shift
-  if [[ $name == eager ]]; then export CUDA_GRAPHS=0; fi
+bench() {
   "$PY" -m pytgi bench --model-id "$MODEL_1B" --dtype bfloat16 --workload decode1 \
-    --batch-sizes 16,64 --prompt-lengths 128 --output-lengths 128 --sequential-sample 2 \
-    --output "$OUT/bench_$name.json" --markdown "$OUT/bench_$name.md" "$@"
+    --batch-sizes 16 --prompt-lengths 128 --output-lengths 64 --sequential-sample 1 \
+    --baselines hf_static --output "$WORK/bench_graphs.json" --markdown "$OUT/bench_graphs.md"
 }
 
 summary() {
-  "$PY" scripts/gpu_summary.py "$OUT"
+  "$PY" scripts/gpu_summary.py "$OUT" "$WORK"
 }
 
-export -f environment install make_model gpu_tests bench summary
+export -f environment install features gpu_tests make_model bench summary
 
 : >"$OUT/phases.txt"
-phase environment 60 environment
-phase install 90 install || echo "install failed: see $OUT/install.log"
-phase model_1b 120 make_model && export PYTGI_GPU_MODEL_1B="$MODEL_1B"
-if [[ "$what" != bench ]]; then
-  phase tests 270 gpu_tests
+: >"$OUT/gpu.log"
+phase environment 20 environment
+phase install 60 install || echo "install failed: see gpu.log"
+phase features 180 features
+phase tests 150 gpu_tests
+if [[ "$what" != tests ]]; then
+  phase model_1b 40 make_model && phase bench 45 bench
 fi
-if [[ "$what" != tests && -f "$MODEL_1B/config.json" ]]; then
-  phase bench_graphs 150 bench graphs --baselines hf_sequential,hf_static
-  phase bench_eager 75 bench eager --no-baseline
-fi
-phase summary 30 summary
+phase summary 10 summary
 cat "$OUT/SUMMARY.md" 2>/dev/null
 echo "results in $OUT"

@@ -9,7 +9,7 @@ from fixtures.import_graph import MODULES, imported_modules, package_edges, pack
 # Highest layer first. A package may import any package in a lower layer, none in its own layer
 # or above. "pytgi" is the package's own __init__ (the lazy `LLM` / `SamplingParams` exports).
 LAYERS: list[set[str]] = [
-    {"pytgi", "__main__"},
+    {"pytgi", "__main__", "deploy"},  # deploy: pytgi on cluster engines (Ray Serve)
     {"cli"},
     {"benchmark"},
     {"server", "runtime"},  # runtime: the engine with its workers, and the offline LLM

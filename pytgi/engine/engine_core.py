@@ -74,6 +74,17 @@ class EngineCore:
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
+        self._release_when_idle()
+
+    def _release_when_idle(self) -> None:
+        """With no work left, tell the workers now which requests are gone (they learn it with
+        the next step otherwise), so per-request state there (a cross-attention model's image
+        keys and values) is not held while the engine idles."""
+        if self.scheduler.has_unfinished():
+            return
+        idle = self.scheduler.schedule()  # nothing to run: only the freed request ids
+        if idle.freed_request_ids:
+            self.executor.execute(idle)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -95,7 +106,9 @@ class EngineCore:
             error = f"{type(exc).__name__}: {exc}"
             return rejected + self.scheduler.fail(scheduler_output, error, masks)
         self._record(scheduler_output, time.perf_counter() - start)
-        return rejected + self.scheduler.update(scheduler_output, model_output)
+        outputs = rejected + self.scheduler.update(scheduler_output, model_output)
+        self._release_when_idle()
+        return outputs
 
     def _record(self, output: SchedulerOutput, elapsed_s: float) -> None:
         stats = self._stats

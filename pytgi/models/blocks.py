@@ -2,7 +2,8 @@
 the model type: the norm (RMS, Gemma's 1 + w, LayerNorm with or without bias), q/k/v and output
 biases, per-head q/k norms, the position encoding (rotary in either layout and on part of the head,
 one rotary table per layer kind, ALiBi, or learned positions outside the stack), logit
-soft-capping, clamped q/k/v (DBRX) and sliding windows in attention, a gated or plain MLP or a
+soft-capping, clamped q/k/v (DBRX), sliding windows and attention chunks in attention, Llama 4's
+no-rope layers (with their query temperature) and weightless q/k L2 norm, a gated or plain MLP or a
 sparse mixture-of-experts block on the layers `DecoderSpec.moe` names (`make_mlp`), DeepSeek's
 latent attention in place of q/k/v heads (`DecoderSpec.mla`, `make_attention`), and how a layer
 composes attention and MLP (`DecoderSpec.block`: sequential, parallel with one or two norms, or
@@ -14,7 +15,9 @@ accelerator, each block hands over its tensors (`fused_decode_tensors`), or None
 no layout the accelerator runs (tensor-parallel, no kernels, fp32-activation quantized formats).
 
 Rotary tables reach the layers as cos / sin [R, T, 1, rotary_dim]: R = 1, or 2 when sliding-window
-layers rotate with their own base (`DecoderSpec.rope_table`); rotary_dim = 0 without rotary.
+layers rotate with their own base (`DecoderSpec.rope_table`); rotary_dim = 0 without rotary. With
+Llama 4's attention temperature one more row follows (`DecoderSpec.temperature_table`): cos holds
+each token's query scale for the no-rope layers, sin zeros.
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ class DecoderAttention(nn.Module):
         if self.qk_l2_norm:  # Llama 4: after the rotary, no weight
             q, k = _l2_norm(q, self.norm_eps), _l2_norm(k, self.norm_eps)
         if self.temperature_table is not None:  # the query scale, per token
-            q = q * cos[self.temperature_table][:, :, :1]  # [T, 1, 1] (the row before slicing)
+            # no-rope layers never slice cos: the row after the rotary tables, [T, 1, 1] here
+            q = q * cos[self.temperature_table][:, :, :1]
         out = self.attn(q, k, qkv[:, h + kvh :])  # [T, H, D]
         return self.o_proj(out.flatten(1))  # [T, hidden]
 

@@ -48,6 +48,7 @@ from pytgi.models.multimodal import MultimodalLM
 from pytgi.models.qwen2_vl import VISION_ACTS
 
 EXTRA_TOKEN_ROWS = 8  # the token table's rows past vocab_size (<|image|> is one of them)
+ROW_CHUNK = 256  # text rows per cross-attention score block
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,14 +271,22 @@ class MllamaCrossAttention(nn.Module):
         return k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
 
     def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor):
-        """x [n, hidden] (one request's rows), k / v [KVH, N, D], bias [n, N] -> [n, hidden]."""
-        n = x.shape[0]
-        q = self.q_norm(self.q(x).view(n, self.num_heads, self.head_dim)).transpose(0, 1)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)  # [H, N, D]
-        scores = q @ k.transpose(-1, -2) * self.head_dim**-0.5 + bias  # [H, n, N]
-        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
-        return self.o_proj(out.transpose(0, 1).reshape(n, -1))
+        """x [n, hidden] (one request's rows), k / v [KVH, N, D], bias [n, N] -> [n, hidden].
+        Eager softmax in fp32 as transformers' eager path; rows in chunks of ROW_CHUNK so the
+        scores [H, rows, N] stay bounded; query heads grouped on their KV head (head h reads
+        KV head h // groups) instead of repeating k / v."""
+        n, kvh, d = x.shape[0], self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kvh
+        q = self.q_norm(self.q(x).view(n, self.num_heads, d))  # [n, H, D]
+        out = torch.empty_like(q)
+        for lo in range(0, n, ROW_CHUNK):
+            hi = min(n, lo + ROW_CHUNK)
+            qc = q[lo:hi].permute(1, 0, 2).reshape(kvh, groups * (hi - lo), d)  # [KVH, G*r, D]
+            scores = (qc @ k.transpose(-1, -2) * d**-0.5).view(kvh, groups, hi - lo, -1)
+            probs = torch.softmax(scores + bias[lo:hi], dim=-1, dtype=torch.float32)
+            o = probs.to(q.dtype).view(kvh, groups * (hi - lo), -1) @ v  # [KVH, G*r, D]
+            out[lo:hi] = o.view(self.num_heads, hi - lo, d).transpose(0, 1)
+        return self.o_proj(out.flatten(1))
 
 
 class MllamaCrossAttentionLayer(nn.Module):

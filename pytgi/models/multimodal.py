@@ -22,6 +22,9 @@ from pytgi.models.base import CausalLM
 
 class MultimodalLM(CausalLM):
     uses_mrope: bool = False
+    # images reach the language model through cross-attention layers (Mllama), not merged
+    # embeddings: the runner passes `forward(..., cross_attention=CrossAttentionBatch)` instead
+    uses_cross_attention: bool = False
     # every prompt token attends to every other prompt token, generated tokens causally
     # (PaliGemma's prefix-LM): the scheduler runs prompts whole, the runner marks their rows
     bidirectional_prompt: bool = False

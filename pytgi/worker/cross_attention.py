@@ -7,9 +7,10 @@ hash, so an image is encoded once whatever request, chunk or recompute needs it.
 values are held per request (`CrossAttentionStore`): computed from its images' states the first
 time a step runs one of its rows, whatever the prefix cache skipped (a prefix hit restores the
 self-attention cache only), and dropped when the request is freed on the workers (finished,
-aborted, preempted). The store is bounded in bytes: past the bound the least recently used
-requests not in the step are dropped and recomputed from the encoder cache when they run again,
-which gives the same keys and values. Why held per request and not paged: the keys and values
+aborted, preempted; the engine sends the freed ids at once when it goes idle). The store is
+bounded in bytes: past the bound the least recently used requests not in the step are dropped
+and recomputed from the encoder cache when they run again, which gives the same keys and
+values. Why held per request and not paged: the keys and values
 are fixed for the whole request (no token adds to them), every row of the request reads all of
 them, and they are freed with the request, so there is nothing for blocks to share or to free
 piecemeal; their size is tiles x tokens per tile per image, known when the request arrives.

@@ -153,7 +153,7 @@ class ModelRunner:
                 )
             self.input_builder.bidirectional_prompt = True
         self.accelerator = None
-        if getattr(self.model, "uses_cross_attention", False):
+        if self.model.uses_cross_attention:
             from pytgi.worker.cross_attention import CrossAttentionStep
 
             self.multimodal = CrossAttentionStep(self.model)
@@ -360,7 +360,7 @@ class ModelRunner:
         mm = self.multimodal
         if mm is None:
             return
-        if getattr(self.model, "uses_cross_attention", False):
+        if self.model.uses_cross_attention:
             inputs.cross_attention = mm.batch(scheduler_output, self.states, inputs.flat_starts)
             return
         slices = mm.slices(scheduler_output, self.states, inputs.flat_starts)

@@ -7,6 +7,8 @@ request."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -63,14 +65,6 @@ def step_helper(llm):
     return llm.core.executor.worker.runner.multimodal
 
 
-def held_after_next_step(setup, llm) -> int:
-    """Requests whose state is still held once the workers have seen the next step (freed
-    requests reach the workers with it)."""
-    ids, _, _ = build(setup, "<s>next", [])
-    llm.run([engine_request(ids, (), 1)])
-    return len(step_helper(llm).store)
-
-
 def test_prompt_and_pixels_equal_the_processor(setup):
     ids, inputs, ref = build(setup, "<s>Look {0} and {1}{2} now", [(56, 28, 1), (28, 84, 2),
                                                                     (40, 40, 3)])  # fmt: skip
@@ -81,7 +75,10 @@ def test_prompt_and_pixels_equal_the_processor(setup):
     assert ratio_ids.tolist() == ref["aspect_ratio_ids"][0].tolist()
 
 
-def test_mixed_batch_with_chunked_prefill(setup):
+def test_mixed_batch_with_chunked_prefill(setup, monkeypatch):
+    from pytgi.models import mllama
+
+    monkeypatch.setattr(mllama, "ROW_CHUNK", 5)  # several score blocks per prompt chunk
     model_dir = setup[0]
     batch = [
         build(setup, "<s>Hello world! {0} What is it?", [(56, 56, 1)]),  # rows before the image
@@ -100,16 +97,7 @@ def test_mixed_batch_with_chunked_prefill(setup):
         helper = step_helper(llm)
         assert helper.cache.num_encoded == 6  # each image through the tower once
         assert helper.store.num_computed == 3  # one state per request with images
-        assert held_after_next_step(setup, llm) == 0  # freed with the requests
-    finally:
-        llm.close()
-
-
-def test_text_only_batch_skips_cross_attention(setup):
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=64)
-    try:
-        check(setup, llm, [build(setup, "<s>Only words here, no pictures.", [])])
-        assert step_helper(llm).store.num_computed == 0
+        assert len(helper.store) == 0  # freed when the requests finished
     finally:
         llm.close()
 
@@ -117,7 +105,7 @@ def test_text_only_batch_skips_cross_attention(setup):
 def test_prefix_hit_still_computes_the_cross_attention_state(setup):
     text = "<s>Hello world! How are you today? {0} Describe it in words."
     first = build(setup, text, [(56, 56, 7)])
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=256, max_batch_prefill_tokens=64)
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=256, max_batch_prefill_tokens=32)
     try:
         check(setup, llm, [first])
         (hit,) = check(setup, llm, [build(setup, text, [(56, 56, 7)])])
@@ -150,6 +138,40 @@ def test_preemption_and_a_bounded_store_recompute_the_state(setup):
         assert llm.core.scheduler.num_preemptions > 0
         assert helper.store.num_computed > len(crowd)  # recomputed after preemption / eviction
         assert helper.cache.num_encoded == 8  # from the encoder cache, not the tower
-        assert held_after_next_step(setup, llm) == 0
+        assert len(helper.store) == 0
     finally:
         llm.close()
+
+
+def test_text_only_skips_cross_attention_and_abort_frees_the_state(setup):
+    ids, images, _ = build(setup, "<s>Abort me {0} soon", [(28, 28, 9)])
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=64, max_batch_prefill_tokens=32)
+    try:
+        check(setup, llm, [build(setup, "<s>Only words here, no pictures.", [])])
+        assert step_helper(llm).store.num_computed == 0
+        request = engine_request(ids, images, NEW_TOKENS)
+        llm.core.add_request(request)
+        llm.core.step()
+        helper = step_helper(llm)
+        assert len(helper.store) == 1
+        llm.core.abort(request.request_id)
+        assert len(helper.store) == 0
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize(
+    "locations", [[0], [3], [3, 7], [3, 4, 9], [3, 4], [2, 3, 4, 8, 9], [1, 5, 6, 10]]
+)
+def test_image_spans_equal_the_processors_mask(locations):
+    """Which tokens see which image, against MllamaProcessor's own sparse mask (its end of the
+    sequence is open-ended here: generated tokens see what the last prompt token sees)."""
+    from transformers.models.mllama.processing_mllama import get_cross_attention_token_mask
+
+    from pytgi.models.mllama import image_spans
+
+    length, image = 12, 99
+    ids = [image if i in locations else 1 for i in range(length)]
+    expected = [(a, math.inf if b in (-1, length) else b)
+                for a, b in get_cross_attention_token_mask(ids, image)]  # fmt: skip
+    assert image_spans(locations) == expected

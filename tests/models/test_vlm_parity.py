@@ -1,8 +1,8 @@
 """Vision-language families (Qwen2-VL, Qwen2.5-VL, Idefics 3, Llava-Next, Llama 4) through the whole
 engine against transformers' eager greedy generate on the same processor outputs: one image,
 several images of different sizes and text-only prompts in one batch, with chunked prefill
-splitting images across steps; prefix hits keyed by image content; preemption and recompute
-without running the vision tower again."""
+splitting images across steps (and, on Llama 4, its 12-token attention chunks); prefix hits keyed
+by image content; preemption and recompute without running the vision tower again."""
 
 from __future__ import annotations
 
@@ -33,11 +33,6 @@ def family_setup(tiny_vlm_factory):
         return built[family]
 
     return setup
-
-
-@pytest.fixture(scope="module")
-def setup(family_setup):
-    return family_setup("qwen2_vl")
 
 
 def check(llm, hf, prompts):
@@ -80,8 +75,9 @@ def check_mixed_batch(family_setup, family: str, **engine_options) -> None:
         llm.close()
 
 
-def test_prefix_cache_is_keyed_by_image_content(setup):
-    model_dir, hf, prompts = setup
+@pytest.mark.parametrize("family", ["qwen2_vl", "llama4"])
+def test_prefix_cache_is_keyed_by_image_content(family, family_setup):
+    model_dir, hf, prompts = family_setup(family)
     text = "Hello world! How are you today? {0} Describe it."
     first = prompts.build(text, [(112, 112, 7)])
     same = prompts.build(text, [(112, 112, 7)])
@@ -99,8 +95,9 @@ def test_prefix_cache_is_keyed_by_image_content(setup):
         llm.close()
 
 
-def test_preemption_recomputes_without_the_tower(setup):
-    model_dir, hf, prompts = setup
+@pytest.mark.parametrize("family", ["qwen2_vl", "llama4"])
+def test_preemption_recomputes_without_the_tower(family, family_setup):
+    model_dir, hf, prompts = family_setup(family)
     text = "Hi {0} tell me more, {1} and more"
     crowd = [prompts.build(text, [(112, 56, 20 + i), (56, 56, 40 + i)]) for i in range(5)]
     # 30 blocks of 4 tokens: five ~40-token sequences cannot all fit, requests get preempted
@@ -114,6 +111,7 @@ def test_preemption_recomputes_without_the_tower(setup):
     try:
         check(llm, hf, crowd)
         assert llm.core.scheduler.num_preemptions > 0
-        assert runner(llm).multimodal.cache.num_encoded == 10  # recompute reused the cache
+        # each run (an image, or one Llama 4 tile) once: recompute reused the cache
+        assert runner(llm).multimodal.cache.num_encoded == sum(len(p[1]) for p in crowd)
     finally:
         llm.close()

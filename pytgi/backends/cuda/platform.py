@@ -11,7 +11,9 @@ Default dtype as TGI's: float16, except the families TGI serves in bfloat16 (TGI
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from types import ModuleType
+from typing import ClassVar
 
 import torch
 
@@ -33,30 +35,38 @@ def default_cuda_dtype(model_type: str | None) -> torch.dtype:
     return torch.bfloat16 if model_type in BF16_MODEL_TYPES else torch.float16
 
 
+@dataclass(frozen=True)
 class CudaPlatform(Platform):
-    name = "cuda"
-    dist_backend = "nccl"
+    """Frozen: the Triton kernels (or none) are chosen once, when the platform is built. Its
+    device is the process's current CUDA device, which `bind_rank` sets once (one rank per
+    process) before the model is built."""
 
-    def __init__(self, config: DeviceConfig | None = None):
-        self.config = config or DeviceConfig()
-        self.index = torch.cuda.current_device()
-        self.kernels: ModuleType | None = None
-        if self.config.kernels:
-            from pytgi.backends.cuda import ops
+    name: ClassVar[str] = "cuda"
+    dist_backend: ClassVar[str] = "nccl"
 
-            self.kernels = ops
-        else:
+    config: DeviceConfig = field(default_factory=DeviceConfig)
+    kernels: ModuleType | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        if not self.config.kernels:
             logger.info(
                 "Triton layer kernels disabled (--disable-custom-kernels or PYTGI_CPU_KERNELS=0): "
                 "pure-torch ops"
             )
+            return
+        from pytgi.backends.cuda import ops
+
+        object.__setattr__(self, "kernels", ops)  # frozen: set here only
+
+    @property
+    def index(self) -> int:
+        return torch.cuda.current_device()
 
     @property
     def device(self) -> torch.device:
         return torch.device("cuda", self.index)
 
     def bind_rank(self, rank: int) -> None:
-        self.index = rank
         torch.cuda.set_device(rank)
 
     def device_for_rank(self, rank: int) -> torch.device:

@@ -147,12 +147,13 @@ def pack_pieces(pieces: list, device: torch.device) -> CudaPackedWeight:
         packed = (padded[:, 0::2] | (padded[:, 1::2] << 4)).to(torch.uint8)
     else:
         packed = codes.to(torch.uint8)
-    fp8 = None
     source = "+".join(dict.fromkeys(p.source or f"{p.bits}-bit" for p in pieces))
+    codes_dev = packed.to(device)
+    fp8 = None  # the same bytes as e4m3 (no copy) where one scale per row lets _scaled_mm run
     if table is not None and group >= k and all(p.source.startswith("fp8") for p in pieces):
-        fp8 = packed.view(torch.float8_e4m3fn).to(device)
+        fp8 = codes_dev.view(torch.float8_e4m3fn)
     return CudaPackedWeight(
-        n=codes.shape[0], k=k, codes=packed.to(device), scales=scales.contiguous().to(device),
+        n=codes.shape[0], k=k, codes=codes_dev, scales=scales.contiguous().to(device),
         mins=None if mins is None else mins.contiguous().to(device),
         table=None if table is None else table.float().to(device), group=group,
         nibbles=nibbles, source=source, fp8=fp8,
@@ -242,9 +243,8 @@ def fp8_linear(x: torch.Tensor, packed: CudaPackedWeight, bias: torch.Tensor | N
     """W8A8 FP8: per-token e4m3 activations times the e4m3 weight, row-wise scales."""
     q, scale_x = quantize_fp8_per_token(x)
     scale_w = packed.scales.reshape(1, -1)  # [1, N] (one scale per output feature)
-    return torch._scaled_mm(
-        q, packed.fp8.t(), scale_a=scale_x, scale_b=scale_w, bias=bias, out_dtype=x.dtype
-    )
+    out = torch._scaled_mm(q, packed.fp8.t(), scale_a=scale_x, scale_b=scale_w, out_dtype=x.dtype)
+    return out if bias is None else out + bias
 
 
 def fp8_reference(x: torch.Tensor, packed: CudaPackedWeight, bias: torch.Tensor | None):
@@ -282,7 +282,11 @@ class CudaQuantOps(QuantOps):
         self, x: torch.Tensor, packed: CudaPackedWeight, bias: torch.Tensor | None, int8_acts: bool
     ) -> torch.Tensor:
         if self.takes_fp8(x, packed):
-            return fp8_linear(x, packed, bias)
+            try:
+                return fp8_linear(x, packed, bias)
+            except RuntimeError as err:  # this torch / cuBLAS lacks row-wise scaling: once
+                logger.warning("torch._scaled_mm unavailable (%s): fp8 weights dequantized", err)
+                self.scaled_mm = False
         if self.use_triton and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
             return triton_linear(x if x.stride(-1) == 1 else x.contiguous(), packed, bias)
         return torch_linear(x, packed, bias)

@@ -130,7 +130,10 @@ class PrequantizedLinearMethod(PackedLinearMethod):
             return self.ops.pack(pieces, "codebook")
         if any(isinstance(p, CodebookWeight) for p in pieces):
             raise ModelLoadError("fp8 and integer shards in one fused layer")
-        return self.ops.pack(pieces, "auto")
+        packed = self.ops.pack(pieces, "auto")
+        if self.input_perm is not None:  # gathered where the activations are (a GPU's weights)
+            self.input_perm = self.input_perm.to(packed.codes.device)
+        return packed
 
     def _sort_act_order(self, pieces: list) -> list:
         """Every shard must share one column order (GPTQ gives fused q/k/v, gate/up the same

@@ -7,6 +7,7 @@ except the CUDA graph itself, which the `gpu` tests cover."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -15,7 +16,6 @@ from pytgi.backends.cuda.attention import TritonAttentionBackend
 from pytgi.backends.cuda.graphs import CudaGraphRunner
 from pytgi.backends.cuda.platform import CudaPlatform
 from pytgi.backends.cuda.quant_ops import CudaQuantOps
-from pytgi.config import DeviceConfig
 
 
 class EagerRecorder:
@@ -40,13 +40,22 @@ class EagerRecorder:
         pass
 
 
+@dataclass(frozen=True)
 class InterpretedCudaPlatform(CudaPlatform):
-    def __init__(self, cuda_graphs: tuple[int, ...] = (), num_sms: int = 4):
-        self.config = DeviceConfig(cuda_graphs=cuda_graphs)
-        self.index = 0
-        self.kernels = ops
-        self.num_sms = num_sms
-        self.recorder = EagerRecorder()
+    """CudaPlatform on CPU tensors: eager unless `cuda_graphs` names sizes (then recorded by
+    `recorder`), `num_sms` programs for the attention kernels, 1 GiB "free"."""
+
+    cuda_graphs: tuple[int, ...] = ()
+    num_sms: int = 4
+    recorder: EagerRecorder = field(default_factory=EagerRecorder)
+
+    def __post_init__(self):
+        object.__setattr__(self, "config", replace(self.config, cuda_graphs=self.cuda_graphs))
+        object.__setattr__(self, "kernels", ops)
+
+    @property
+    def index(self) -> int:
+        return 0
 
     @property
     def device(self) -> torch.device:

@@ -3,6 +3,9 @@ runner resolving it from the checkpoint, and the memory left within --cuda-memor
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 from backends.cuda.interpreted import InterpretedCudaPlatform
 
@@ -32,8 +35,14 @@ def test_runner_takes_the_platform_default_for_the_checkpoint(tiny_llama_dir):
 def test_available_memory_leaves_what_the_fraction_keeps_away(monkeypatch):
     gib = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (50 * gib, 100 * gib))
-    platform = InterpretedCudaPlatform()
-    platform.config = DeviceConfig(cuda_memory_fraction=0.8)
+    platform = InterpretedCudaPlatform(config=DeviceConfig(cuda_memory_fraction=0.8))
     assert CudaPlatform.available_memory_bytes(platform) == 30 * gib
-    platform.config = DeviceConfig(cuda_memory_fraction=0.4)
+    platform = InterpretedCudaPlatform(config=DeviceConfig(cuda_memory_fraction=0.4))
     assert CudaPlatform.available_memory_bytes(platform) == 0
+
+
+def test_the_platform_is_frozen():
+    """Its kernels and config are chosen once, when it is built."""
+    platform = InterpretedCudaPlatform()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        platform.kernels = None

@@ -42,6 +42,7 @@ def awq():
 
 
 def compressed(fmt, bits, strategy):
+    pytest.importorskip("compressed_tensors")  # the GPU machine may lack it
     torch.manual_seed(4)
     weight = torch.randn(80, 128) * 0.05
     scheme = ct_scheme(fmt, bits=bits, sym=False if bits == 4 else True, strategy=strategy)
@@ -164,6 +165,7 @@ def test_fp8_scaled_mm_is_per_token_w8a8():
     check(out.cpu(), expected.cpu(), torch.bfloat16)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (GPU: gpu tests)")
 @pytest.mark.parametrize("fmt", ["gptq", "fp8"])
 def test_prequantized_model_on_the_cuda_platform(fmt, tiny_model_factory, tmp_path):
     """A GPTQ (act-order) / FP8 block-wise checkpoint loads on the CUDA platform's layers (its
