@@ -109,3 +109,24 @@ def test_prefix_hits_by_image_content_and_preemption(setup):
         assert llm.core.executor.worker.runner.multimodal.cache.num_encoded == 20
     finally:
         llm.close()
+
+
+def test_without_image_splitting_an_image_is_one_run(setup):
+    from PIL import Image
+    from transformers import AutoConfig, Idefics2ImageProcessor
+
+    from pytgi.router.images.processors import Idefics2Processing
+
+    model_dir, _, prompts = setup
+    image_processor = Idefics2ImageProcessor.from_pretrained(model_dir, do_image_splitting=False)
+    processing = Idefics2Processing(
+        image_processor,
+        AutoConfig.from_pretrained(model_dir),
+        prompts.tokenizer.backend.token_to_id,
+    )
+    out = processing.process(Image.open(io.BytesIO(png_bytes(40, 30, 1))))
+    assert out.run_lengths == [4]
+    assert (
+        out.prompt_text == "<fake_token_around_image>" + "<image>" * 4 + "<fake_token_around_image>"
+    )
+    assert out.runs[0]["pixel_values"].shape == (1, 3, 24, 32)  # longest edge 32
