@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -91,3 +93,14 @@ def pid_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextmanager
+def running_server(model_dir: Path, *extra: str, log_path: Path) -> Iterator[ServerProcess]:
+    """`pytgi serve` on `model_dir`, healthy (up to 300 s), stopped on exit."""
+    server = ServerProcess(model_dir, *extra, log_path=log_path)
+    try:
+        server.wait_healthy(timeout_s=300)
+        yield server
+    finally:
+        server.stop()

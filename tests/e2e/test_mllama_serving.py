@@ -13,7 +13,7 @@ from fixtures.images import data_uri, png_bytes
 from models.vlm_utils import hf_greedy, processor_inputs
 from openai import OpenAI
 
-from e2e.server import ServerProcess
+from e2e.server import running_server
 
 IMAGE = (56, 28, 11)  # 2 tiles of 28 px
 QUESTION = "What is in the picture?"
@@ -31,12 +31,8 @@ def chat_prompt(content: str) -> str:
 def server(tiny_vlm_factory, tmp_path_factory):
     model_dir = tiny_vlm_factory("mllama")
     log = tmp_path_factory.mktemp("mllama-server") / "server.log"
-    server = ServerProcess(model_dir, log_path=log)
-    try:
-        server.wait_healthy(timeout_s=300)
+    with running_server(model_dir, log_path=log) as server:
         yield server, model_dir
-    finally:
-        server.stop()
 
 
 def reference(model_dir, text: str, images) -> tuple[list[int], str]:

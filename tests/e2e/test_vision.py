@@ -14,7 +14,7 @@ from huggingface_hub import InferenceClient
 from models.vlm_utils import VlmPrompts, hf_greedy
 from openai import OpenAI
 
-from e2e.server import ServerProcess
+from e2e.server import running_server
 
 IMAGE = png_bytes(84, 56, seed=11)  # 6 x 4 patches: 6 image tokens
 QUESTION = "What is in the picture?"
@@ -30,15 +30,11 @@ def chat_prompt(content: str) -> str:
 def vlm_server(tiny_vlm_factory, tmp_path_factory):
     model_dir = tiny_vlm_factory("qwen2_vl")
     log = tmp_path_factory.mktemp("vlm-server") / "server.log"
-    server = ServerProcess(
+    with running_server(
         model_dir, "--allow-private-image-urls", "--max-input-tokens", "60",
         "--max-total-tokens", "80", log_path=log,
-    )  # fmt: skip
-    try:
-        server.wait_healthy(timeout_s=300)
+    ) as server:  # fmt: skip
         yield server, model_dir
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from fixtures.images import data_uri, png_bytes
 from models.vlm_utils import VlmPrompts, hf_greedy
 from openai import OpenAI
 
-from e2e.server import ServerProcess
+from e2e.server import running_server
 
 IMAGE = (40, 30, 11)
 QUESTION = "What is in the picture?"
@@ -54,14 +54,10 @@ def checkpoint(tiny_vlm_factory, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     log = tmp_path_factory.mktemp("idefics2-server") / "server.log"
-    server = ServerProcess(
+    with running_server(
         checkpoint[0], "--max-input-tokens", "80", "--max-total-tokens", "100", log_path=log
-    )
-    try:
-        server.wait_healthy(timeout_s=300)
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_openai_chat_with_image_stops_at_end_of_utterance(server, checkpoint):

@@ -13,7 +13,7 @@ import torch
 from fixtures.images import data_uri, png_bytes
 from models.vlm_utils import VlmPrompts, hf_greedy
 
-from e2e.server import ServerProcess
+from e2e.server import running_server
 
 NEW_TOKENS = 8
 IMAGE = (40, 30, 11)
@@ -24,15 +24,11 @@ def server(tiny_vlm_factory, tmp_path_factory):
     model_dir = tiny_vlm_factory("paligemma2")
     log = tmp_path_factory.mktemp("paligemma-server") / "server.log"
     # a 32-token step budget: the 27-token image prompt runs whole, never chunked
-    server = ServerProcess(
+    with running_server(
         model_dir, "--max-input-tokens", "60", "--max-total-tokens", "80",
         "--max-batch-prefill-tokens", "32", log_path=log,
-    )  # fmt: skip
-    try:
-        server.wait_healthy(timeout_s=300)
+    ) as server:  # fmt: skip
         yield server, model_dir
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
