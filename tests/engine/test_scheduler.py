@@ -62,9 +62,10 @@ def run_all(core, max_steps=10_000):
 
 def assert_no_leak(core):
     kv = core.scheduler.kv
-    assert kv.num_free_blocks == kv.num_blocks
-    assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
-    assert not kv._blocks
+    for group in kv.groups:
+        assert group.pool.num_free_blocks == group.pool.num_blocks
+        assert all(b.ref_cnt == 0 for b in group.pool.blocks)
+        assert not group.tables
 
 
 def test_outputs_match_history_function():

@@ -55,7 +55,55 @@ def test_a_prefix_hit_never_reads_a_reallocated_block():
     assert len(kv.find_cached_prefix(request(ids, "b"))) == 7  # freed but intact: still a hit
     other = request(list(range(200, 220)), "c")
     assert kv.allocate_slots(other, 20)  # takes the 2 never-used blocks, then freed ones
-    assert kv.find_cached_prefix(request(ids, "d")) == []  # block 0 was handed out: no match
+    assert len(kv.find_cached_prefix(request(ids, "d"))) == 0  # block 0 was handed out: no match
+
+
+def test_mixed_groups_free_only_the_windowed_table():
+    """A full group and a window-8 group (Gemma's layout): the same positions in both tables,
+    the windowed one gives back its blocks below the window, the full one keeps all."""
+    kv = KVCacheManager(num_blocks=16, block_size=4, groups=[(None, 16), (8, 6)])
+    req = request(list(range(18)))
+    assert kv.allocate_slots(req, 18)  # 5 blocks in each group
+    assert kv.num_held_blocks("r", 0) == kv.num_held_blocks("r", 1) == 5
+    req.num_computed_tokens = 18  # the next query (position 18) sees keys 11..18
+    assert kv.free_out_of_window(req) == 2  # window blocks 0, 1 (positions 0..7)
+    assert kv.num_held_blocks("r", 0) == 5 and kv.num_held_blocks("r", 1) == 3
+    assert len(kv.block_ids("r", group=1)) == 5  # positions kept by placeholders
+    assert kv.groups[1].pool.num_free_blocks == 3
+    # 12 more tokens: 3 new blocks in each group; the window group has 3 free
+    assert kv.allocate_slots(req, 12)
+    assert not kv.allocate_slots(request(list(range(5)), "s"), 5)  # the window group is full
+    assert kv.groups[0].pool.num_free_blocks == 8 and not kv.groups[0].tables.get("s")
+    req.num_computed_tokens = 30
+    assert kv.free_out_of_window(req) == 3  # positions 0..19: window blocks 2, 3, 4
+    assert kv.num_held_blocks("r", 0) == 8 and kv.num_held_blocks("r", 1) == 3
+    kv.free(req)
+    assert [g.pool.num_free_blocks for g in kv.groups] == [16, 6]
+
+
+def test_mixed_prefix_hit_takes_only_the_window_and_never_a_reallocated_block():
+    """A hit is a run from the start in every group; its window blocks below the first uncached
+    position's window are placeholders (not revived); once the window group has handed out an
+    early block, nothing matches past it."""
+    kv = KVCacheManager(num_blocks=20, block_size=4, groups=[(None, 20), (8, 8)])
+    ids = list(range(100, 130))
+    first = request(ids, "a")
+    assert kv.allocate_slots(first, 30)
+    first.num_computed_tokens = 30
+    kv.cache_computed_blocks(first)
+    kv.free_out_of_window(first)  # window blocks 0..4 freed, still cached
+    kv.free(first)
+    again = request(ids, "b")
+    hit = kv.find_cached_prefix(again)
+    assert len(hit) == 7  # 28 tokens; the 29th position reads keys 21..28: blocks 5, 6
+    assert hit.blocks[1][:5] == [NULL_BLOCK] * 5 and NULL_BLOCK not in hit.blocks[1][5:]
+    assert kv.allocate_slots(again, 2, hit)
+    assert kv.num_held_blocks("b", 0) == 8 and kv.num_held_blocks("b", 1) == 3
+    kv.free(again)
+    other = request(list(range(200, 220)), "c")
+    assert kv.allocate_slots(other, 20)  # 5 window blocks: hands out block 0's entry
+    assert len(kv.find_cached_prefix(request(ids, "d"))) == 0
+    kv.free(other)
 
 
 def test_a_long_request_holds_only_its_window(tiny_model_factory):
