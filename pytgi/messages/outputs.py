@@ -56,13 +56,13 @@ class ScheduledRequest:
     num_tokens: int
     new_token_ids: list[int] = field(default_factory=list)
     new_block_ids: list[int] = field(default_factory=list)
-    # KV groups 1.. (a model mixing windowed and full layers): each group's new block ids, as
-    # many as `new_block_ids` (the tables cover the same positions); `new_block_ids` is group 0's
-    new_group_block_ids: list[list[int]] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)
     sample: bool = False
     prefill_logprobs: bool = False  # return logprobs for the prompt tokens run in this step
     grammar_bitmask: np.ndarray | None = None
+    # KV groups 1.. (a model mixing windowed and full layers): each group's new block ids, as
+    # many as `new_block_ids` (the tables cover the same positions); `new_block_ids` is group 0's
+    new_group_block_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

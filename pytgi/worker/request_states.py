@@ -21,6 +21,8 @@ class RequestState:
     token_ids: list[int]  # prompt, then generated tokens (never draft tokens)
     num_prompt_tokens: int
     block_ids: list[int] = field(default_factory=list)
+    # KV groups 1..'s tables (a model mixing windowed and full layers), as long as block_ids
+    group_block_ids: list[list[int]] = field(default_factory=list)
     adapter_id: str | None = None
     multimodal_inputs: tuple[MultimodalInput, ...] = ()
 
@@ -48,6 +50,10 @@ class RequestStates(dict[str, RequestState]):
             state = self[scheduled.request_id]
             state.token_ids.extend(scheduled.new_token_ids)
             state.block_ids.extend(scheduled.new_block_ids)
+            for g, ids in enumerate(scheduled.new_group_block_ids):
+                if g == len(state.group_block_ids):
+                    state.group_block_ids.append([])
+                state.group_block_ids[g].extend(ids)
 
 
 def _state(new: NewRequestData) -> RequestState:
