@@ -170,7 +170,9 @@ class Scheduler:
         max_running = self.config.max_batch_size or 1 << 30
         while self.waiting and budget > 0 and len(self.running) < max_running:
             request = self.waiting[0]
-            cached = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else None
+            cached = (
+                self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else None
+            )
             num_cached = len(cached) * self.kv.block_size if cached else 0
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
             whole = self._whole_prompt_left(request, num_cached)

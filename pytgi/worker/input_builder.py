@@ -139,7 +139,7 @@ class InputBuilder:
         group_tables = []
         for g in range(1, self.num_kv_groups):  # each group's table and slots, in its own blocks
             name = f"block_table_{g}"
-            group = self._table(name, [s.group_block_ids[g - 1] for s in row_states], width)
+            group = self._table(name, [s.group_table(g) for s in row_states], width)
             np.add(group[row_of_token, positions // bs] * bs, positions % bs,
                    out=b.host(f"slot_mapping_{g}", num_tokens))  # fmt: skip
             group_tables.append(

@@ -42,9 +42,9 @@ from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.models.multimodal import is_multimodal
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
+from pytgi.worker.kv_groups import window_group_blocks
 from pytgi.worker.request_states import RequestStates
 from pytgi.worker.step_transport import send_step
-from pytgi.worker.kv_groups import window_group_blocks
 from pytgi.worker.warmup import dummy_scheduler_output
 
 logger = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class ModelRunner:
         """Each KV group's block count when the full (first) group has `num_blocks`: a window
         group never needs more than its windows of the running requests (`window_group_blocks`),
         nor more than the full group."""
-        first, *windows = self.kv_group_windows
+        windows = self.kv_group_windows[1:]
         return (num_blocks, *(min(num_blocks, self._window_blocks(w)) for w in windows))
 
     def _window_blocks(self, window: int) -> int:
@@ -327,7 +327,8 @@ class ModelRunner:
         if len(self.kv_group_windows) > 1:  # the window groups' blocks, the rest to the full one
             sizes = self.group_bytes_per_block
             windows = self.group_num_blocks(num_blocks)[1:]
-            num_blocks = (budget - sum(n * b for n, b in zip(windows, sizes[1:]))) // sizes[0]
+            windows_bytes = sum(n * b for n, b in zip(windows, sizes[1:], strict=True))
+            num_blocks = (budget - windows_bytes) // sizes[0]
         logger.info(
             "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
             "GiB per rank = %d blocks of %d tokens (%d bytes each, %s)",

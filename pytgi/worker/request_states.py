@@ -30,6 +30,13 @@ class RequestState:
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
+    def group_table(self, group: int) -> list[int]:
+        """KV group `group`'s block ids. A request whose steps named one table (model tests
+        driving the runner directly) has the same ids in every group's caches."""
+        if group == 0 or not self.group_block_ids:
+            return self.block_ids
+        return self.group_block_ids[group - 1]
+
     def slot(self, position: int, block_size: int) -> int:
         return self.block_ids[position // block_size] * block_size + position % block_size
 

@@ -17,9 +17,9 @@ def dummy_scheduler_output(
     vocab_size: int,
     num_kv_groups: int = 1,
 ) -> tuple[SchedulerOutput, int]:
-    """Prompts totalling `num_prefill_tokens` (each within max_position), then decode rows with some
-    context; returns the step and the number of KV blocks it needs (its block ids are 0..n-1, the
-same in every KV group)."""
+    """Prompts totalling `num_prefill_tokens` (each within max_position), then decode rows with
+    some context; returns the step and the number of KV blocks it needs (its block ids are
+    0..n-1, the same in every KV group)."""
     output = SchedulerOutput(requests=[])
     num_blocks = 0
 
