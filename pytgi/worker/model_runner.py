@@ -111,11 +111,15 @@ class ModelRunner:
         self._set_up_kv_groups()
         self.accelerator = self.platform.decode_accelerator(self.model, self.kv_cache_dtype)
         if self.accelerator is not None and len(self.kv_group_windows) > 1:
-            logger.info(
-                "%s off: the model's windowed and full layers keep separate block tables",
-                self.accelerator.name,
-            )
-            self.accelerator = None
+            set_kv_groups = getattr(self.accelerator, "set_kv_groups", None)
+            if set_kv_groups is not None:  # the fused CPU stack reads per-layer tables
+                set_kv_groups(self.layer_groups)
+            else:
+                logger.info(
+                    "%s off: the model's windowed and full layers keep separate block tables",
+                    self.accelerator.name,
+                )
+                self.accelerator = None
         if is_multimodal(self.model):
             self._set_up_multimodal()
         if self.tp.is_first_rank:

@@ -143,7 +143,8 @@ def test_mixed_windowed_and_full_layers_free_only_the_window(
     chunks and 32 new tokens (4x the window) on 4-token blocks, one running request: the window
     group's pool is sized for it (12 blocks beside the full group's 64) and after every step holds
     at most ceil(W / block) + 1 blocks, the full group every block; tokens and logprobs are
-    transformers'. With and without the compiled kernels (the torch path reads the same tables)."""
+    transformers'. With the compiled kernels (and the fused decode stack) and without (the torch
+    path reads the same tables)."""
     if not kernels:
         monkeypatch.setenv("PYTGI_CPU_KERNELS", "0")
     torch.set_num_threads(1)
@@ -158,6 +159,9 @@ def test_mixed_windowed_and_full_layers_free_only_the_window(
         # the window group: 1 request x (cdiv(23, 4) + 2) + cdiv(16, 4) blocks (worker/kv_groups)
         assert [(g.window, g.pool.num_blocks) for g in kv.groups] == [(None, 64), (24, 12)]
         assert llm.core.cache_info.max_batch_total_tokens == 64 * 4
+        # with the kernels, decode steps run the fused stack over each layer's group's table
+        accelerator = llm.core.executor.worker.runner.accelerator
+        assert (accelerator is not None) == kernels
         engine_request = llm._request(ids, None, len(tokens), True)
         llm.core.add_request(engine_request)
         rid = engine_request.request_id
