@@ -136,7 +136,7 @@ class KVCacheSpec:
     layer keeps every position; a sliding-window layer only needs the last `sliding_window`; a
     latent (MLA) cache holds one vector per token (`head_size_v == 0`). A chunked-attention layer
     (`attention_chunk_size`) reads only its query's chunk but keeps a full layer's cache: the
-    engine frees blocks only below every layer's sliding window (docs/KV_CACHE.md)."""
+    engine frees blocks only below a windowed KV group's window (docs/KV_CACHE.md)."""
 
     num_kv_heads: int
     head_size: int

@@ -26,6 +26,10 @@ window value among the layers, shared by all layers:
 - other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
+KV groups (a model mixing windowed and full layers, docs/KV_CACHE.md): each group's layers have
+caches of the group's block count, and each request a block table per group; a view (one per
+window value) is built over its group's table and slots (`AttentionBatch.group`), so a layer
+stores at and reads through its own group's blocks only.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
 Chunked attention C (Llama 4): a query at p sees keys p // C * C <= pos <= p; decode rows start
 their keys at their chunk, prefill rows are cut at chunk boundaries (`_chunked_prefills`), and a
