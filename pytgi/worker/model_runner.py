@@ -328,14 +328,16 @@ class ModelRunner:
         if self.platform.ranks_share_memory():
             budget //= self.tp.world_size  # every rank's cache lives in the same memory
         num_blocks = budget // self.bytes_per_block
+        block_bytes, which = self.bytes_per_block, ""
         if len(self.kv_group_windows) > 1:  # the window groups' blocks, the rest to the full one
             sizes = self.group_bytes_per_block
             windows = self.group_num_blocks(num_blocks)[1:]
             windows_bytes = sum(n * b for n, b in zip(windows, sizes[1:], strict=True))
             num_blocks = (budget - windows_bytes) // sizes[0]
+            block_bytes, which = sizes[0], " in the full-attention group"
         logger.info(
             "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
-            "GiB per rank = %d blocks of %d tokens (%d bytes each, %s)",
+            "GiB per rank = %d blocks of %d tokens%s (%d bytes each, %s)",
             available / 2**30,
             grammars / 2**30,
             cache.memory_fraction,
@@ -343,7 +345,8 @@ class ModelRunner:
             budget / 2**30,
             num_blocks,
             self.block_size,
-            self.bytes_per_block,
+            which,
+            block_bytes,
             str(self.kv_cache_dtype).removeprefix("torch."),
         )
         return num_blocks
