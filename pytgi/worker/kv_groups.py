@@ -3,7 +3,8 @@
 A windowed group's request holds, after each step, the blocks of its last W - 1 positions
 (at most cdiv(W - 1, block_size) + 1 blocks; older ones go back to the pool), and during a step
 also the blocks of the tokens the step writes (a step writes at most `max_batch_prefill_tokens`
-tokens over all its requests, drafts included, each request's starting in a partly filled block).
+tokens over all its requests, drafts included, each request's starting in a partly filled block;
+a model with bidirectional prompts runs a prompt whole, so there a step may write the context).
 A request may also keep the blocks of draft tokens its last step rejected (up to k with
 --speculate k). So `max_running` requests never need more than
     max_running * (cdiv(W - 1 + k, block_size) + 2) + cdiv(step_tokens, block_size)

@@ -230,11 +230,15 @@ class ModelRunner:
 
     def _window_blocks(self, window: int) -> int:
         scheduler = self.config.scheduler
+        step_tokens = scheduler.max_batch_prefill_tokens
+        if self.bidirectional_prompt:  # a prompt runs whole in one step, past the budget if long
+            max_len = self.config.model.max_model_len or self.spec.max_position_embeddings
+            step_tokens = max(step_tokens, max_len)
         return window_group_blocks(
             window,
             self.block_size,
             scheduler.max_batch_size,
-            scheduler.max_batch_prefill_tokens,
+            step_tokens,
             scheduler.num_speculative_tokens,
         )
 
