@@ -274,6 +274,9 @@ class CacheInfo:
     kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
     # every attention layer has a sliding window: the largest (older blocks are freed); else None
     sliding_window: int | None = None
+    # a model mixing windowed and full layers: (window, num_blocks) per KV group, the full group
+    # first (`num_blocks` is its count); empty: one group of `num_blocks` with `sliding_window`
+    kv_groups: tuple[tuple[int | None, int], ...] = ()
     # the model attends bidirectionally over each prompt (PaliGemma's prefix-LM): the scheduler
     # runs a prompt whole in one step and takes no prefix hit inside it
     bidirectional_prompt: bool = False

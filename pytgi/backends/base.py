@@ -17,6 +17,7 @@ their tokens are the first `num_decode_rows` tokens of the flat batch; prefill r
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -70,6 +71,10 @@ class AttentionBatch:
     # each other both ways (a model's bidirectional prompt, PaliGemma's prefix-LM); such a row
     # starts at position 0 and holds at least that many queries (the scheduler's invariant)
     bidirectional_lens: torch.Tensor | None = None
+    # KV groups 1.. (kv_group_windows: a model mixing windowed and full layers): each group's
+    # (block_table [R, W_g] host, slot_mapping [T] on the device) over its own cache blocks;
+    # `block_table` and `slot_mapping` above are group 0's
+    group_tables: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -86,6 +91,17 @@ class AttentionBatch:
     @property
     def is_decode_only(self) -> bool:
         return self.num_decode_rows == self.num_rows
+
+    @property
+    def num_groups(self) -> int:
+        return 1 + len(self.group_tables)
+
+    def group(self, index: int) -> AttentionBatch:
+        """The batch as KV group `index`'s layers see it (its block table and slots)."""
+        if index == 0:
+            return self
+        table, slots = self.group_tables[index - 1]
+        return dataclasses.replace(self, block_table=table, slot_mapping=slots, group_tables=())
 
 
 @dataclass(frozen=True)
@@ -120,7 +136,7 @@ class KVCacheSpec:
     layer keeps every position; a sliding-window layer only needs the last `sliding_window`; a
     latent (MLA) cache holds one vector per token (`head_size_v == 0`). A chunked-attention layer
     (`attention_chunk_size`) reads only its query's chunk but keeps a full layer's cache: the
-    engine frees blocks only below every layer's sliding window (docs/KV_CACHE.md)."""
+    engine frees blocks only below a windowed KV group's window (docs/KV_CACHE.md)."""
 
     num_kv_heads: int
     head_size: int
@@ -151,6 +167,25 @@ class SlidingWindowSpec(KVCacheSpec):
 @dataclass(frozen=True)
 class LatentAttentionSpec(KVCacheSpec):
     """An MLA latent cache: `head_size` values per token, no separate V (head_size_v = 0)."""
+
+
+def kv_group_windows(specs: Iterable[KVCacheSpec]) -> tuple[int | None, ...]:
+    """The KV groups of a model's layers, by window: each group has its own blocks and block
+    table (docs/KV_CACHE.md). One group when the layers agree: (None,) for full attention (chunked
+    layers included), (W,) with W the largest window when every layer has one; a model mixing
+    windowed and full layers gets the full group first, then one group per window value:
+    (None, W1, W2, ...), W ascending."""
+    windows = [spec.sliding_window for spec in specs]
+    if not windows or all(w is None for w in windows):
+        return (None,)
+    if None not in windows:
+        return (max(windows),)
+    return (None, *sorted({w for w in windows if w is not None}))
+
+
+def kv_group_of(window: int | None, groups: tuple[int | None, ...]) -> int:
+    """The group index of a layer with `window` among `groups` (kv_group_windows')."""
+    return 0 if len(groups) == 1 else groups.index(window)
 
 
 def kv_cache_spec(params: AttentionParams, model_dtype: torch.dtype) -> KVCacheSpec:
@@ -197,6 +232,9 @@ class AttentionBackend(ABC):
     name: str
     # honours AttentionBatch.bidirectional_lens (a model that needs it is refused otherwise)
     supports_bidirectional_prompt: bool = False
+    # reads each layer's KV group's block table (AttentionBatch.group): a model mixing windowed
+    # and full layers then gets one group per window; else one group, where no block is freed
+    supports_kv_groups: bool = False
 
     @abstractmethod
     def make_impl(self, params: AttentionParams) -> AttentionImpl:
@@ -210,9 +248,10 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def metadata_builder(
-        self, specs: Iterable[KVCacheSpec], num_blocks: int, block_size: int
+        self, specs: Iterable[KVCacheSpec], num_blocks: int | tuple[int, ...], block_size: int
     ) -> AttentionMetadataBuilder:
-        """The per-step builder for layers with these specs over caches of `num_blocks`."""
+        """The per-step builder for layers with these specs over caches of `num_blocks` (a
+        backend with `supports_kv_groups`: one count per KV group of the specs)."""
 
 
 class QuantOps(ABC):

@@ -49,6 +49,7 @@ class EngineCore:
             config.cache.enable_prefix_caching,
             cache_info.sliding_window,
             cache_info.bidirectional_prompt,
+            cache_info.kv_groups or None,
         )
         self.scheduler = Scheduler(config.scheduler, kv, grammar)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)

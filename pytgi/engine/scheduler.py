@@ -170,8 +170,10 @@ class Scheduler:
         max_running = self.config.max_batch_size or 1 << 30
         while self.waiting and budget > 0 and len(self.running) < max_running:
             request = self.waiting[0]
-            cached = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
-            num_cached = len(cached) * self.kv.block_size
+            cached = (
+                self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else None
+            )
+            num_cached = len(cached) * self.kv.block_size if cached else 0
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
             whole = self._whole_prompt_left(request, num_cached)
             if whole:
@@ -237,7 +239,11 @@ class Scheduler:
             )
         start = request.num_computed_tokens
         end = start + num_new
-        new_block_ids = self.kv.block_ids(request.request_id, request.num_block_ids_sent)
+        sent = request.num_block_ids_sent  # every KV group's table is as long
+        new_block_ids = self.kv.block_ids(request.request_id, sent)
+        group_block_ids = [
+            self.kv.block_ids(request.request_id, sent, g) for g in range(1, self.kv.num_groups)
+        ]
         new_token_ids = request.output_ids[request.num_output_ids_sent :]
         request.num_block_ids_sent += len(new_block_ids)
         request.num_output_ids_sent = request.num_output_tokens
@@ -251,6 +257,7 @@ class Scheduler:
                 num_tokens=num_new,
                 new_token_ids=new_token_ids,
                 new_block_ids=new_block_ids,
+                new_group_block_ids=group_block_ids,
                 draft_ids=drafts,
                 sample=end == request.num_tokens,
                 prefill_logprobs=want_prompt_logprobs and start < request.num_prompt_tokens,

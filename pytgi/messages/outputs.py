@@ -39,7 +39,8 @@ class ScheduledRequest:
     """One request's share of a step.
 
     The workers append `new_token_ids` to the request's history (prompt, then generated tokens)
-    and `new_block_ids` to its block table. The model then runs history tokens
+    and `new_block_ids` to its block table (`new_group_block_ids[g - 1]` to KV group g's, each
+    group's layers in their own cache blocks). The model then runs history tokens
     [start_pos, start_pos + num_tokens) followed by `draft_ids` (positions continue), writing
     their K/V at slot = block_table[pos // block_size] * block_size + pos % block_size, each
     attending to every earlier position (the cache holds `start_pos` tokens already).
@@ -59,6 +60,9 @@ class ScheduledRequest:
     sample: bool = False
     prefill_logprobs: bool = False  # return logprobs for the prompt tokens run in this step
     grammar_bitmask: np.ndarray | None = None
+    # KV groups 1.. (a model mixing windowed and full layers): each group's new block ids, as
+    # many as `new_block_ids` (the tables cover the same positions); `new_block_ids` is group 0's
+    new_group_block_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

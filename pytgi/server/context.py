@@ -104,10 +104,19 @@ class ServerContext:
                 "model_dtype": cache.dtype,
                 "bytes_per_token": cache.kv_bytes_per_token,
                 "device": cache.device,
+                # a model mixing windowed and full layers: each KV group's blocks (the full
+                # group's bound the tokens that fit, max_batch_total_tokens)
+                **_kv_groups(cache),
             },
             **({"lora_adapters": list(self.lora_adapters)} if self.lora_adapters else {}),
             **{k: self.model_info[k] for k in MODEL_KEYS if self.model_info.get(k)},
         )
+
+
+def _kv_groups(cache) -> dict:
+    if not cache.kv_groups:
+        return {}
+    return {"groups": [{"sliding_window": w, "num_blocks": n} for w, n in cache.kv_groups]}
 
 
 def get_context(request: Request) -> ServerContext:

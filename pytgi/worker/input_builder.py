@@ -103,6 +103,7 @@ class InputBuilder:
         self.lora_slots: dict[str, int] = {}  # adapter id -> slot (set once adapters are loaded)
         # the model attends bidirectionally over each prompt: a row from position 0 says how far
         self.bidirectional_prompt = False
+        self.num_kv_groups = 1  # KV groups (block tables per request), set with the caches
 
     def build(
         self, scheduler_output: SchedulerOutput, states: RequestStates
@@ -122,10 +123,7 @@ class InputBuilder:
         seq_lens = b.host("seq_lens", num_rows)
         np.add(starts, counts, out=seq_lens)
         width = max(len(s.block_ids) for s in row_states)
-        table = b.host("block_table", num_rows * width).reshape(num_rows, width)
-        table.fill(0)
-        for i, state in enumerate(row_states):
-            table[i, : len(state.block_ids)] = state.block_ids
+        table = self._table("block_table", [s.block_ids for s in row_states], width)
         input_ids = b.host("input_ids", num_tokens)
         input_ids[:] = [
             t for r, s in zip(rows, row_states, strict=True) for t in s.step_token_ids(r)
@@ -138,6 +136,18 @@ class InputBuilder:
         bs = self.block_size
         np.add(table[row_of_token, positions // bs] * bs, positions % bs, out=slots)
         flat_start = dict(zip([r.request_id for r in rows], query_start_loc.tolist(), strict=False))
+        group_tables = []
+        for g in range(1, self.num_kv_groups):  # each group's table and slots, in its own blocks
+            name = f"block_table_{g}"
+            group = self._table(name, [s.group_table(g) for s in row_states], width)
+            np.add(group[row_of_token, positions // bs] * bs, positions % bs,
+                   out=b.host(f"slot_mapping_{g}", num_tokens))  # fmt: skip
+            group_tables.append(
+                (
+                    b.host_tensor(name, num_rows * width).view(num_rows, width),
+                    b.to_device(f"slot_mapping_{g}", num_tokens),
+                )
+            )
         attn = AttentionBatch(
             query_start_loc=b.host_tensor("query_start_loc", num_rows + 1),
             seq_lens=b.host_tensor("seq_lens", num_rows),
@@ -146,6 +156,7 @@ class InputBuilder:
             block_size=bs,
             num_decode_rows=int((counts == 1).sum()),
             bidirectional_lens=self._bidirectional_lens(row_states, starts),
+            group_tables=tuple(group_tables),
         )
         logits_indices, plan = self._plan(requests, states, flat_start)
         adapter_slots = self._adapter_slots(row_states, row_of_token)
@@ -161,6 +172,14 @@ class InputBuilder:
             flat_starts=flat_start,
         )
         return inputs, plan
+
+    def _table(self, name: str, tables: list[list[int]], width: int) -> np.ndarray:
+        """The rows' block tables in host buffer `name`, [R, width], padded with block 0."""
+        table = self.buffers.host(name, len(tables) * width).reshape(len(tables), width)
+        table.fill(0)
+        for i, ids in enumerate(tables):
+            table[i, : len(ids)] = ids
+        return table
 
     def _bidirectional_lens(self, row_states, starts: np.ndarray) -> torch.Tensor | None:
         """[R]: a row from position 0 opens its prompt both ways; None: no such row. The scheduler

@@ -21,7 +21,14 @@ import time
 
 import torch
 
-from pytgi.backends.base import KV_CACHE_TORCH_DTYPES, KVCache, KVCacheSpec, Platform
+from pytgi.backends.base import (
+    KV_CACHE_TORCH_DTYPES,
+    KVCache,
+    KVCacheSpec,
+    Platform,
+    kv_group_of,
+    kv_group_windows,
+)
 from pytgi.config import EngineConfig
 from pytgi.distributed.parallel_state import TPInfo
 from pytgi.errors import ConfigError
@@ -35,6 +42,7 @@ from pytgi.models.config import read_model_type
 from pytgi.models.loader import build_model
 from pytgi.models.multimodal import is_multimodal
 from pytgi.worker.input_builder import ForwardInputs, InputBuilder, StepPlan
+from pytgi.worker.kv_groups import window_group_blocks
 from pytgi.worker.request_states import RequestStates
 from pytgi.worker.step_transport import send_step
 from pytgi.worker.warmup import dummy_scheduler_output
@@ -67,6 +75,10 @@ class ModelRunner:
         self.kv_caches: dict[str, KVCache] = {}
         self.metadata_builder = None
         self.num_blocks = 0
+        # KV groups (kv_group_windows): each group's window and block count, each layer's group
+        self.kv_group_windows: tuple[int | None, ...] = (None,)
+        self.kv_group_blocks: tuple[int, ...] = ()
+        self.layer_groups: dict[str, int] = {}
         self.multimodal = None  # a vision-language model's step helper (worker/multimodal.py)
         # the logprob of a prompt chunk's first token comes from the previous chunk's last row
         self._next_prompt_logprob: dict[str, float] = {}
@@ -96,7 +108,18 @@ class ModelRunner:
             if isinstance(m, Attention)
         }
         self.rotary_tables = [m for m in self.model.modules() if isinstance(m, RotaryEmbedding)]
+        self._set_up_kv_groups()
         self.accelerator = self.platform.decode_accelerator(self.model, self.kv_cache_dtype)
+        if self.accelerator is not None and len(self.kv_group_windows) > 1:
+            set_kv_groups = getattr(self.accelerator, "set_kv_groups", None)
+            if set_kv_groups is not None:  # the fused CPU stack reads per-layer tables
+                set_kv_groups(self.layer_groups)
+            else:
+                logger.info(
+                    "%s off: the model's windowed and full layers keep separate block tables",
+                    self.accelerator.name,
+                )
+                self.accelerator = None
         if is_multimodal(self.model):
             self._set_up_multimodal()
         if self.tp.is_first_rank:
@@ -104,6 +127,19 @@ class ModelRunner:
 
             watermark = self.config.watermark
             self.sampler = Sampler(self.spec.vocab_size, watermark.gamma, watermark.delta)
+
+    def _set_up_kv_groups(self) -> None:
+        """One KV group per window when the backend reads per-group tables (a model mixing
+        windowed and full layers frees its windowed layers' old blocks), else one group."""
+        specs = self.kv_specs.values()
+        groups = kv_group_windows(specs)
+        if len(groups) > 1 and not self.attention.supports_kv_groups:
+            groups = (None,)  # the windowed layers keep every block
+        self.kv_group_windows = groups
+        self.layer_groups = {
+            name: kv_group_of(spec.sliding_window, groups) for name, spec in self.kv_specs.items()
+        }
+        self.input_builder.num_kv_groups = len(groups)
 
     def _load_lora_adapters(self) -> None:
         adapters = self.config.model.lora_adapters
@@ -178,6 +214,35 @@ class ModelRunner:
         return max(windows)
 
     @property
+    def group_bytes_per_block(self) -> tuple[int, ...]:
+        """Each KV group's layers' cache for one block of tokens, on this rank."""
+        out = [0] * len(self.kv_group_windows)
+        for name, spec in self.kv_specs.items():
+            out[self.layer_groups[name]] += spec.bytes_per_token * self.block_size
+        return tuple(out)
+
+    def group_num_blocks(self, num_blocks: int) -> tuple[int, ...]:
+        """Each KV group's block count when the full (first) group has `num_blocks`: a window
+        group never needs more than its windows of the running requests (`window_group_blocks`),
+        nor more than the full group."""
+        windows = self.kv_group_windows[1:]
+        return (num_blocks, *(min(num_blocks, self._window_blocks(w)) for w in windows))
+
+    def _window_blocks(self, window: int) -> int:
+        scheduler = self.config.scheduler
+        step_tokens = scheduler.max_batch_prefill_tokens
+        if self.bidirectional_prompt:  # a prompt runs whole in one step, past the budget if long
+            max_len = self.config.model.max_model_len or self.spec.max_position_embeddings
+            step_tokens = max(step_tokens, max_len)
+        return window_group_blocks(
+            window,
+            self.block_size,
+            scheduler.max_batch_size,
+            step_tokens,
+            scheduler.num_speculative_tokens,
+        )
+
+    @property
     def bidirectional_prompt(self) -> bool:
         return self.input_builder.bidirectional_prompt
 
@@ -186,15 +251,23 @@ class ModelRunner:
         """Every layer's cache for one block of tokens, on this rank."""
         return sum(spec.bytes_per_token for spec in self.kv_specs.values()) * self.block_size
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Zeroed caches for every attention layer (padded reads see finite data)."""
-        self.num_blocks = num_blocks
+    def allocate_kv_cache(self, num_blocks: int | tuple[int, ...]) -> None:
+        """Zeroed caches for every attention layer (padded reads see finite data), each with its
+        KV group's `num_blocks` (one count: every group's)."""
+        if isinstance(num_blocks, int):
+            num_blocks = (num_blocks,) * len(self.kv_group_windows)
+        self.num_blocks = num_blocks[0]
+        self.kv_group_blocks = tuple(num_blocks)
         self.kv_caches = {
-            name: self.attention.allocate_kv_cache(spec, num_blocks, self.block_size, self.device)
+            name: self.attention.allocate_kv_cache(
+                spec, num_blocks[self.layer_groups[name]], self.block_size, self.device
+            )
             for name, spec in self.kv_specs.items()
         }
         self.metadata_builder = self.attention.metadata_builder(
-            self.kv_specs.values(), num_blocks, self.block_size
+            self.kv_specs.values(),
+            num_blocks if len(num_blocks) > 1 else num_blocks[0],
+            self.block_size,
         )
 
     def free_kv_cache(self) -> None:
@@ -213,6 +286,7 @@ class ModelRunner:
             self.block_size,
             self.spec.max_position_embeddings,
             self.spec.vocab_size,
+            len(self.kv_group_windows),
         )
         self.allocate_kv_cache(num_blocks)
         self.states.update(output)
@@ -258,9 +332,16 @@ class ModelRunner:
         if self.platform.ranks_share_memory():
             budget //= self.tp.world_size  # every rank's cache lives in the same memory
         num_blocks = budget // self.bytes_per_block
+        block_bytes, which = self.bytes_per_block, ""
+        if len(self.kv_group_windows) > 1:  # the window groups' blocks, the rest to the full one
+            sizes = self.group_bytes_per_block
+            windows = self.group_num_blocks(num_blocks)[1:]
+            windows_bytes = sum(n * b for n, b in zip(windows, sizes[1:], strict=True))
+            num_blocks = (budget - windows_bytes) // sizes[0]
+            block_bytes, which = sizes[0], " in the full-attention group"
         logger.info(
             "KV cache: (%.2f GiB available - %.2f GiB of grammar cache) x %.2f, cap %s -> %.2f "
-            "GiB per rank = %d blocks of %d tokens (%d bytes each, %s)",
+            "GiB per rank = %d blocks of %d tokens%s (%d bytes each, %s)",
             available / 2**30,
             grammars / 2**30,
             cache.memory_fraction,
@@ -268,7 +349,8 @@ class ModelRunner:
             budget / 2**30,
             num_blocks,
             self.block_size,
-            self.bytes_per_block,
+            which,
+            block_bytes,
             str(self.kv_cache_dtype).removeprefix("torch."),
         )
         return num_blocks

@@ -21,12 +21,21 @@ class RequestState:
     token_ids: list[int]  # prompt, then generated tokens (never draft tokens)
     num_prompt_tokens: int
     block_ids: list[int] = field(default_factory=list)
+    # KV groups 1..'s tables (a model mixing windowed and full layers), as long as block_ids
+    group_block_ids: list[list[int]] = field(default_factory=list)
     adapter_id: str | None = None
     multimodal_inputs: tuple[MultimodalInput, ...] = ()
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def group_table(self, group: int) -> list[int]:
+        """KV group `group`'s block ids. A request whose steps named one table (model tests
+        driving the runner directly) has the same ids in every group's caches."""
+        if group == 0 or not self.group_block_ids:
+            return self.block_ids
+        return self.group_block_ids[group - 1]
 
     def slot(self, position: int, block_size: int) -> int:
         return self.block_ids[position // block_size] * block_size + position % block_size
@@ -48,6 +57,10 @@ class RequestStates(dict[str, RequestState]):
             state = self[scheduled.request_id]
             state.token_ids.extend(scheduled.new_token_ids)
             state.block_ids.extend(scheduled.new_block_ids)
+            for g, ids in enumerate(scheduled.new_group_block_ids):
+                if g == len(state.group_block_ids):
+                    state.group_block_ids.append([])
+                state.group_block_ids[g].extend(ids)
 
 
 def _state(new: NewRequestData) -> RequestState:

@@ -14,8 +14,8 @@ from pytgi.backends.base import AttentionBatch
 from pytgi.distributed.comm import control_broadcast
 from pytgi.worker.input_builder import ForwardInputs
 
-HEADER = 8  # num tokens (-1: stop), rows, block-table width, sampled rows, logprob spans,
-# decode rows, block size, 1 when the step carries LoRA adapter slots
+HEADER = 9  # num tokens (-1: stop), rows, block-table width, sampled rows, logprob spans,
+# decode rows, block size, 1 when the step carries LoRA adapter slots, KV groups
 
 
 def send_step(inputs: ForwardInputs | None) -> None:
@@ -34,6 +34,7 @@ def send_step(inputs: ForwardInputs | None) -> None:
         attn.num_decode_rows,
         attn.block_size,
         int(inputs.adapter_slots is not None),
+        attn.num_groups,
     ]
     spans = torch.tensor(inputs.logprob_spans, dtype=torch.int64).reshape(-1)
     parts = (
@@ -48,6 +49,8 @@ def send_step(inputs: ForwardInputs | None) -> None:
     )
     if inputs.adapter_slots is not None:
         parts += (inputs.adapter_slots,)
+    for table, slots in attn.group_tables:  # every group's table is [rows, width]
+        parts += (table.reshape(-1), slots)
     control_broadcast(torch.tensor(header, dtype=torch.int64))
     control_broadcast(torch.cat([p.cpu() for p in parts]))
 
@@ -61,6 +64,8 @@ def receive_step(device: torch.device) -> ForwardInputs | None:
     num_adapter_slots = num_tokens if header[7] else 0
     sizes = [num_tokens] * 3 + [num_rows + 1, num_rows, num_rows * width, num_sampled]
     sizes += [2 * num_spans, num_adapter_slots]
+    num_groups = header[8]
+    sizes += [num_rows * width, num_tokens] * (num_groups - 1)
     payload = torch.empty(sum(sizes), dtype=torch.int64)
     control_broadcast(payload)
     parts = payload.split(sizes)
@@ -72,6 +77,10 @@ def receive_step(device: torch.device) -> ForwardInputs | None:
         slot_mapping=slots.to(device),
         block_size=block_size,
         num_decode_rows=num_decode_rows,
+        group_tables=tuple(
+            (parts[i].view(num_rows, width), parts[i + 1].to(device))
+            for i in range(9, 9 + 2 * (num_groups - 1), 2)
+        ),
     )
     return ForwardInputs(
         input_ids=input_ids.to(device),

@@ -15,15 +15,18 @@ def dummy_scheduler_output(
     block_size: int,
     max_position: int,
     vocab_size: int,
+    num_kv_groups: int = 1,
 ) -> tuple[SchedulerOutput, int]:
-    """Prompts totalling `num_prefill_tokens` (each within max_position), then decode rows with some
-    context; returns the step and the number of KV blocks it needs (its block ids are 0..n-1)."""
+    """Prompts totalling `num_prefill_tokens` (each within max_position), then decode rows with
+    some context; returns the step and the number of KV blocks it needs (its block ids are
+    0..n-1, the same in every KV group)."""
     output = SchedulerOutput(requests=[])
     num_blocks = 0
 
     def add(request_id: str, num_tokens: int, start_pos: int) -> None:
         nonlocal num_blocks
         count = cdiv(num_tokens, block_size)
+        ids = list(range(num_blocks, num_blocks + count))
         token_ids = [(7 + 31 * j) % vocab_size for j in range(num_tokens)]
         output.new_requests.append(NewRequestData(request_id, token_ids, SamplingParams()))
         output.requests.append(
@@ -31,7 +34,8 @@ def dummy_scheduler_output(
                 request_id,
                 start_pos,
                 num_tokens - start_pos,
-                new_block_ids=list(range(num_blocks, num_blocks + count)),
+                new_block_ids=ids,
+                new_group_block_ids=[list(ids) for _ in range(num_kv_groups - 1)],
                 sample=True,
             )
         )

@@ -66,7 +66,10 @@ class Worker:
                 "not enough memory for a single KV cache block; lower the model "
                 "size or raise --max-kv-cache-bytes / memory fraction"
             )
-        self.runner.allocate_kv_cache(num_blocks)
+        group_blocks = self.runner.group_num_blocks(num_blocks)
+        self.runner.allocate_kv_cache(group_blocks)
+        if len(group_blocks) > 1:
+            self._log_kv_groups(group_blocks)
         self.runner.capture_decode_steps()
         t3 = time.perf_counter()
         logger.info(
@@ -79,6 +82,21 @@ class Worker:
             t3 - t2,
         )
         return self._cache_info(num_blocks, warmup_s=t2 - t1)
+
+    def _log_kv_groups(self, group_blocks: tuple[int, ...]) -> None:
+        runner = self.runner
+        parts = [
+            f"{'full attention' if w is None else f'window {w}'}: {n} blocks of {b} bytes"
+            for w, n, b in zip(
+                runner.kv_group_windows, group_blocks, runner.group_bytes_per_block, strict=True
+            )
+        ]
+        logger.info(
+            "KV cache groups: %s; holds %d tokens (the full group's blocks x %d)",
+            ", ".join(parts),
+            group_blocks[0] * self.config.cache.block_size,
+            self.config.cache.block_size,
+        )
 
     def _num_blocks(self) -> int:
         cache, scheduler = self.config.cache, self.config.scheduler
@@ -104,11 +122,19 @@ class Worker:
             kv_cache_dtype=str(self.runner.kv_cache_dtype).removeprefix("torch."),
             kv_bytes_per_token=self.runner.bytes_per_block // block_size,
             sliding_window=self.runner.sliding_window,
+            kv_groups=self._kv_groups(),
             bidirectional_prompt=self.runner.bidirectional_prompt,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
             lora_adapters=tuple(self.runner.input_builder.lora_slots),
         )
+
+    def _kv_groups(self) -> tuple[tuple[int | None, int], ...]:
+        """(window, num_blocks) per KV group when there are several (else empty)."""
+        runner = self.runner
+        if len(runner.kv_group_windows) == 1:
+            return ()
+        return tuple(zip(runner.kv_group_windows, runner.kv_group_blocks, strict=True))
 
     def shutdown(self) -> None:
         self.runner.free_kv_cache()

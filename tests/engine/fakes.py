@@ -18,35 +18,54 @@ def next_token(history: list[int]) -> int:
 
 
 class FakeExecutor:
-    def __init__(self, num_blocks: int = 64, block_size: int = 4, next_token=next_token):
+    def __init__(
+        self,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        next_token=next_token,
+        kv_groups: tuple[tuple[int | None, int], ...] = (),
+    ):
         self.next_token = next_token  # history -> the model's next token
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # (window, num_blocks) per KV group (a model mixing windowed and full layers), the first
+        # the full group of `num_blocks`; empty: one full group
+        self.kv_groups = kv_groups
+        self.windows = [w for w, _ in kv_groups] or [None]
+        self.group_sizes = [n for _, n in kv_groups] or [num_blocks]
         self.steps: list[SchedulerOutput] = []
-        self.kv: dict[int, int] = {}  # slot -> token written there
+        self.group_kv: list[dict[int, int]] = [{} for _ in self.windows]  # slot -> token, per group
+        self.kv = self.group_kv[0]
         self.states = RequestStates()
 
     def initialize(self) -> CacheInfo:
         total = self.num_blocks * self.block_size
         return CacheInfo(
-            self.num_blocks, self.block_size, total, total - 1, total, 4096, "fp32", "cpu"
-        )
+            self.num_blocks, self.block_size, total, total - 1, total, 4096, "fp32", "cpu",
+            kv_groups=self.kv_groups,
+        )  # fmt: skip
 
     def execute(self, out: SchedulerOutput, grammar_masks=None) -> ModelOutput:
         self.steps.append(out)
         self.states.update(out)
         result = ModelOutput()
+        bs = self.block_size
         for r in out.requests:
             state = self.states[r.request_id]
             history = state.token_ids
-            # the cache must already hold every earlier position (prefix hits included)
-            for pos in range(r.start_pos):
-                assert self.kv.get(state.slot(pos, self.block_size)) == history[pos], (
-                    r.request_id,
-                    pos,
-                )
-            for i, token in enumerate(state.step_token_ids(r)):
-                self.kv[state.slot(r.start_pos + i, self.block_size)] = token
+            for g, (window, kv) in enumerate(zip(self.windows, self.group_kv, strict=True)):
+                table = state.group_table(g)
+                assert len(table) == len(state.block_ids), "every group's table is as long"
+                assert all(0 <= b < self.group_sizes[g] for b in table), (r.request_id, g)
+                # the cache must already hold every earlier position the step's first query
+                # reads (prefix hits included): all of them, or its window's
+                first = 0 if window is None else max(0, r.start_pos - window + 1)
+                for pos in range(first, r.start_pos):
+                    slot = table[pos // bs] * bs + pos % bs
+                    assert kv.get(slot) == history[pos], (r.request_id, g, pos)
+                for i, token in enumerate(state.step_token_ids(r)):
+                    pos = r.start_pos + i
+                    kv[table[pos // bs] * bs + pos % bs] = token
             if r.prefill_logprobs:
                 result.prefill_logprobs[r.request_id] = [
                     float(r.start_pos + i) for i in range(r.num_tokens)

@@ -61,9 +61,9 @@ def test_no_hit_inside_a_prompt_but_a_whole_prompt_hit_is_taken():
     first.num_computed_tokens = 16
     kv.cache_computed_blocks(first)
     same = Request.from_engine_request(request("b", range(1, 13)))
-    assert kv.find_cached_prefix(same) == []  # 2 blocks would cut the 12-token prompt
+    assert len(kv.find_cached_prefix(same)) == 0  # 2 blocks would cut the 12-token prompt
     longer = Request.from_engine_request(request("c", range(1, 17)))
-    assert kv.find_cached_prefix(longer) == []  # same first tokens, another prompt length
+    assert len(kv.find_cached_prefix(longer)) == 0  # same first tokens, another prompt length
     recompute = Request.from_engine_request(request("a2", range(1, 13)))
     recompute.output_ids = [5, 6, 7, 8, 9]  # a preempted request: prompt and output again
     assert len(kv.find_cached_prefix(recompute)) == 4  # past the prompt: taken

@@ -15,7 +15,13 @@ from pytgi.messages.sampling_params import SamplingParams, StoppingParams
 
 
 def make_core(
-    num_blocks=64, block_size=4, prefill=64, max_batch_size=None, caching=True, chunked=True
+    num_blocks=64,
+    block_size=4,
+    prefill=64,
+    max_batch_size=None,
+    caching=True,
+    chunked=True,
+    kv_groups=(),
 ):
     config = EngineConfig(
         model=ModelConfig("fake"),
@@ -26,7 +32,7 @@ def make_core(
             enable_chunked_prefill=chunked,
         ),
     )
-    executor = FakeExecutor(num_blocks, block_size)
+    executor = FakeExecutor(num_blocks, block_size, kv_groups=kv_groups)
     return EngineCore(config, executor, executor.initialize()), executor
 
 
@@ -62,9 +68,10 @@ def run_all(core, max_steps=10_000):
 
 def assert_no_leak(core):
     kv = core.scheduler.kv
-    assert kv.num_free_blocks == kv.num_blocks
-    assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
-    assert not kv._blocks
+    for group in kv.groups:
+        assert group.pool.num_free_blocks == group.pool.num_blocks
+        assert all(b.ref_cnt == 0 for b in group.pool.blocks)
+        assert not group.tables
 
 
 def test_outputs_match_history_function():
@@ -230,4 +237,36 @@ def test_random_operations_never_leak_blocks():
     for rid in list(live):
         core.abort(rid)
     assert not core.has_unfinished()
+    assert_no_leak(core)
+
+
+def test_kv_groups_window_reads_hits_and_preemption():
+    """A full group of 40 blocks and a window-8 group of 10 (Gemma's layout, the window group
+    the scarcer): requests with shared prefixes, chunked prompts and more than the groups hold
+    at once. Every step's first query finds its window's tokens in the window group's own blocks
+    (the fake checks each group's cache), outputs are the history function's, requests are
+    preempted when either group runs out, and nothing leaks."""
+    core, executor = make_core(
+        num_blocks=40, block_size=4, prefill=16, kv_groups=((None, 40), (8, 10))
+    )
+    kv = core.scheduler.kv
+    shared = list(range(1, 21))
+    prompts = {f"r{i}": shared + [100 + i] * (3 + 4 * i) for i in range(5)}
+    prompts["short"] = [7, 8, 9]
+    for rid, prompt in prompts.items():
+        core.add_request(request(rid, prompt, max_new=12))
+    outputs, finished = {}, {}
+    window_held = []
+    while core.has_unfinished():
+        for delta in core.step():
+            outputs.setdefault(delta.request_id, []).extend(t.token_id for t in delta.new_tokens)
+        window_held.append(max((kv.num_held_blocks(r, 1) for r in kv.groups[1].tables), default=0))
+    for rid, prompt in prompts.items():
+        assert outputs[rid] == expected_output(prompt, 12)
+    assert core.scheduler.num_preemptions > 0
+    assert max(window_held) <= -(-8 // 4) + 1
+    again = request("again", shared + [100] * 3, max_new=4)  # r0's prompt: a hit, or none
+    core.add_request(again)
+    _, finished = run_all(core)
+    assert finished["again"].num_cached_tokens in (0, 20)
     assert_no_leak(core)

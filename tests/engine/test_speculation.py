@@ -21,7 +21,7 @@ def periodic_with_surprises(history: list[int]) -> int:
     return history[-3]
 
 
-def make_core(speculate: int, num_blocks: int = 64, prefill: int = 16):
+def make_core(speculate: int, num_blocks: int = 64, prefill: int = 16, kv_groups=()):
     config = EngineConfig(
         model=ModelConfig("fake"),
         cache=CacheConfig(block_size=4),
@@ -29,7 +29,7 @@ def make_core(speculate: int, num_blocks: int = 64, prefill: int = 16):
             max_batch_prefill_tokens=prefill, num_speculative_tokens=speculate
         ),
     )
-    executor = FakeExecutor(num_blocks, 4, next_token=periodic_with_surprises)
+    executor = FakeExecutor(num_blocks, 4, next_token=periodic_with_surprises, kv_groups=kv_groups)
     return EngineCore(config, executor, executor.initialize()), executor
 
 
@@ -41,8 +41,8 @@ PROMPTS = {
 }
 
 
-def run(speculate: int, num_blocks: int = 64):
-    core, executor = make_core(speculate, num_blocks)
+def run(speculate: int, num_blocks: int = 64, kv_groups=()):
+    core, executor = make_core(speculate, num_blocks, kv_groups=kv_groups)
     for rid, prompt in PROMPTS.items():
         core.add_request(request(rid, prompt, max_new=30))
     outputs, finished = run_all(core)
@@ -92,3 +92,14 @@ def test_ngram_proposer_finds_the_latest_match_longest_first():
     r.output_ids += [1, 2]  # "7 1 2" unseen, "1 2" -> latest is before the final one: 3 4
     assert proposer.propose(r, max_tokens=2) == [3, 7]
     assert proposer.propose(r, max_tokens=0) == []
+
+
+def test_drafts_with_a_window_group_keep_outputs():
+    """A window-8 group beside the full one (Gemma's layout, the window group scarce): drafts
+    written to both groups and rolled back, window blocks given back, preemption: the outputs
+    are the plain run's and every block of both groups comes back."""
+    plain, _, _, _ = run(0)
+    spec, _, core, _ = run(4, num_blocks=40, kv_groups=((None, 40), (8, 12)))
+    assert spec == plain
+    assert core.stats().num_accepted_draft_tokens > 0
+    assert [g.pool.num_free_blocks for g in core.scheduler.kv.groups] == [40, 12]

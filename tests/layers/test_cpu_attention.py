@@ -299,3 +299,76 @@ def test_kv_cache_specs_size_the_cache():
     assert type(full).__name__ == "FullAttentionSpec" and full.bytes_per_token == KVH * 2 * D * 4
     assert type(sliding).__name__ == "SlidingWindowSpec" and sliding.sliding_window == 8
     assert sliding.bytes_per_token == KVH * 2 * D * 2
+
+
+def test_kv_groups_read_each_layers_own_table(cpu_kernels):
+    """A full layer and a window-6 layer of one model in two KV groups: each group's caches have
+    their own block count (32 and 16) and each request its own table per group (the window
+    group's ids differ), and each layer stores at and reads through its group's table only
+    (fresh prompts, continuations with prefix-shared blocks, decode rows)."""
+    torch.set_num_threads(1)
+    kernels = current_build_context().kernels
+    backend = CpuAttentionBackend(kernels)
+    full, window = (AttentionParams(H, KVH, D, SCALE, sliding_window=w) for w in (None, 6))
+    specs = [kv_cache_spec(p, torch.float32) for p in (full, window)]
+    caches = [
+        backend.allocate_kv_cache(spec, n, BLOCK_SIZE, torch.device("cpu"))
+        for spec, n in zip(specs, (32, 16), strict=True)
+    ]
+    builder = backend.metadata_builder(specs, (32, 16), BLOCK_SIZE)
+    impls = [backend.make_impl(p) for p in (full, window)]
+    seqs = Sequences(seed=3)
+    seqs.add("a", 14)
+    seqs.add("b", 6)
+    seqs.add("c", 13)
+    seqs.add("d", 12, shared_from="a", shared_len=8)
+    window_ids = {name: [15 - b for b in blocks] for name, blocks in seqs.blocks.items()}
+    states, sent = RequestStates(), set()
+    builder_in = InputBuilder(BLOCK_SIZE)
+    builder_in.num_kv_groups = 2
+    steps = [
+        [("a", 0, 10), ("b", 0, 3), ("c", 0, 7)],
+        [("c", 7, 13), ("b", 3, 4), ("d", 8, 11), ("a", 10, 11)],
+        [("b", 4, 5), ("a", 11, 12), ("d", 11, 12)],
+    ]
+    for rows in steps:
+        out = SchedulerOutput(
+            requests=[
+                ScheduledRequest(
+                    name,
+                    start,
+                    end - start,
+                    new_block_ids=[] if name in sent else seqs.blocks[name],
+                    new_group_block_ids=[[] if name in sent else window_ids[name]],
+                )  # fmt: skip
+                for name, start, end in rows
+            ],
+            new_requests=[
+                NewRequestData(name, [0] * 14, SamplingParams())
+                for name, _, _ in rows
+                if name not in sent
+            ],
+        )
+        sent |= {name for name, _, _ in rows}
+        states.update(out)
+        inputs, _ = builder_in.build(out, states)
+        starts = inputs.attn.query_start_loc.tolist()
+        order = sorted(range(len(rows)), key=lambda i: rows[i][2] - rows[i][1] > 1)
+        metadata = builder.build(inputs.attn)
+        q, k, v = (torch.empty(inputs.num_tokens, n, D) for n in (H, KVH, KVH))
+        for slot, i in enumerate(order):
+            name, start, end = rows[i]
+            for dst, src in zip((q, k, v), seqs.qkv[name], strict=True):
+                dst[starts[slot] : starts[slot] + end - start] = src[start:end]
+        for impl, cache, w in zip(impls, caches, (None, 6), strict=True):
+            got = impl.forward(q, k, v, cache, metadata)
+            for slot, i in enumerate(order):
+                name, start, end = rows[i]
+                sq, sk, sv = seqs.qkv[name]
+                expected = reference(sq[start:end], sk[:end], sv[:end], start, w)
+                torch.testing.assert_close(
+                    got[starts[slot] : starts[slot] + end - start], expected, rtol=1e-5, atol=1e-5
+                )
+    # the window layer's K/V went to its own blocks: "a"'s first token at window block 15
+    assert torch.equal(caches[1][0][:, 15 * BLOCK_SIZE], seqs.qkv["a"][1][0])
+    assert torch.equal(caches[0][0][:, 0], seqs.qkv["a"][1][0])

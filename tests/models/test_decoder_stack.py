@@ -153,8 +153,8 @@ def test_fused_stack_rejects_bad_metadata(runner):
         hidden=torch.zeros(1, hidden_size),
         cos=torch.ones(tables, 1, rotary_dim),
         sin=torch.zeros(tables, 1, rotary_dim),
-        slots=torch.tensor([0]),
-        block_tables=torch.tensor([[0]]),
+        slots=[torch.tensor([0])],
+        block_tables=[torch.tensor([[0]])],
         seq_lens=torch.tensor([1]),
         block_size=16,
         k_caches=[k for k, _ in caches],
@@ -162,8 +162,18 @@ def test_fused_stack_rejects_bad_metadata(runner):
     )
     num_slots = caches[0][0].shape[1]
     for bad, message in (
-        ({"slots": torch.tensor([num_slots])}, "bad slot"),
-        ({"block_tables": torch.tensor([[num_slots]])}, "block id out of range"),
+        ({"slots": [torch.tensor([num_slots])]}, "bad slot"),
+        ({"block_tables": [torch.tensor([[num_slots]])]}, "block id out of range"),
+        # one table per layer (KV groups): the last layer's block is out of range
+        (
+            {
+                "slots": [torch.tensor([0])] * len(layers),
+                "block_tables": [torch.tensor([[0]])] * (len(layers) - 1)
+                + [torch.tensor([[num_slots]])],
+            },
+            "block id out of range",
+        ),
+        ({"slots": [torch.tensor([0])] * 2 * len(layers)}, "one slot tensor and block table"),
         ({"seq_lens": torch.tensor([17])}, "bad sequence length"),
         ({"k_caches": args["k_caches"][:-1]}, "one K and one V cache per layer"),
         ({"hidden": torch.zeros(1, hidden_size + 1)}, "hidden must be"),

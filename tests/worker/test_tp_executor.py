@@ -119,3 +119,33 @@ def test_a_rank_death_is_reported_once_with_the_rank_error():
     )
     assert raised.value.message == expected
     assert deaths == [expected]
+
+
+def test_two_shards_send_each_kv_groups_table(tiny_model_factory):
+    """The tiny Gemma 3 (a full and a window-24 KV group) on two ranks: rank 0 sends every
+    group's block table and slots with the step (worker/step_transport.py), and the tokens past
+    the window are transformers'."""
+    import dataclasses
+
+    from models.runner_utils import hf_greedy_logprobs, load_hf
+
+    from pytgi.runtime.build import engine_config
+    from pytgi.runtime.llm import LLM
+
+    torch.set_num_threads(1)
+    model_dir = tiny_model_factory("gemma3")
+    ids = prompt(40, 31)
+    tokens, logprobs = hf_greedy_logprobs(load_hf(model_dir), ids, 24)
+    cfg = engine_config(  # one running request: a 12-block window group, whose ids are reused
+        str(model_dir), num_blocks=64, block_size=4, max_batch_prefill_tokens=16,
+        max_batch_size=1, num_threads=1,
+    )  # fmt: skip
+    parallel = ParallelConfig(num_shard=2, master_port=free_port())
+    llm = LLM.from_config(dataclasses.replace(cfg, parallel=parallel))
+    try:
+        assert [g.pool.num_blocks for g in llm.core.scheduler.kv.groups] == [64, 12]
+        out = llm.generate([ids], max_new_tokens=24, ignore_eos=True)[0]
+    finally:
+        llm.close()
+    assert out.token_ids == tokens
+    assert out.logprobs == pytest.approx(logprobs, abs=2e-3)

@@ -26,6 +26,10 @@ window value among the layers, shared by all layers:
 - other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
+KV groups (a model mixing windowed and full layers, docs/KV_CACHE.md): each group's layers have
+caches of the group's block count, and each request a block table per group; a view (one per
+window value) is built over its group's table and slots (`AttentionBatch.group`), so a layer
+stores at and reads through its own group's blocks only.
 Sliding window W (transformers' convention): a query at position p sees keys at p - W < pos <= p.
 Chunked attention C (Llama 4): a query at p sees keys p // C * C <= pos <= p; decode rows start
 their keys at their chunk, prefill rows are cut at chunk boundaries (`_chunked_prefills`), and a
@@ -65,6 +69,8 @@ from pytgi.backends.base import (
     KVCacheSpec,
     KVScales,
     LatentAttentionSpec,
+    kv_group_of,
+    kv_group_windows,
 )
 from pytgi.errors import ModelLoadError
 from pytgi.utils.math import cdiv
@@ -111,6 +117,10 @@ class PrefillRow:
 class WindowView:
     decode: DecodeRows | None
     prefills: list[PrefillRow]
+    # the view's KV group (AttentionBatch.group): the cache slot of each new token [T], and
+    # the blocks in each of the group's layer caches
+    slot_mapping: torch.Tensor | None = None
+    num_blocks: int = 0
 
 
 class CpuAttentionMetadata:
@@ -146,13 +156,16 @@ class CpuAttentionMetadata:
 
 
 class CpuMetadataBuilder(AttentionMetadataBuilder):
-    def __init__(self, specs: Iterable[KVCacheSpec], num_blocks: int, kernels):
+    def __init__(self, specs: Iterable[KVCacheSpec], num_blocks: int | tuple[int, ...], kernels):
         specs = list(specs)
         self.visibilities = sorted(
             {s.visibility for s in specs}, key=lambda v: (v[0] or 0, v[1] or 0)
         )
         self.kv_heads = sorted({s.num_kv_heads for s in specs})
-        self.num_blocks = num_blocks
+        # one count: one KV group; else one per group of kv_group_windows(specs)
+        self.group_blocks = num_blocks if isinstance(num_blocks, tuple) else (num_blocks,)
+        self.groups = kv_group_windows(specs) if len(self.group_blocks) > 1 else (None,)
+        self.num_blocks = self.group_blocks[0]
         self.kernels = kernels
         kernel_prefill = all(s.head_size % KERNEL_HEAD_MULTIPLE == 0 for s in specs)
         # the kernels read fp32 caches only: a narrower cache runs every layer on the torch path
@@ -160,10 +173,16 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         self.torch_prefill = self.torch_decode or not kernel_prefill
 
     def build(self, batch: AttentionBatch) -> CpuAttentionMetadata:
-        views = {
-            view_key(w, c): WindowView(self._decode_rows(batch, w, c), self._prefills(batch, w, c))
-            for w, c in self.visibilities
-        }
+        views = {}
+        for w, c in self.visibilities:
+            group = kv_group_of(w, self.groups)
+            seen = batch.group(group)  # the group's block table and slots
+            views[view_key(w, c)] = WindowView(
+                self._decode_rows(seen, w, c),
+                self._prefills(seen, w, c),
+                seen.slot_mapping,
+                self.group_blocks[group],
+            )
         gathers = {}
         for view in views.values():
             groups = [view.decode.blocks] if view.decode and view.decode.blocks is not None else []
@@ -171,13 +190,14 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
                 groups += [row.blocks for row in view.prefills if row.blocks is not None]
             for blocks in groups:
                 for kvh in self.kv_heads:
-                    gathers[(id(blocks), kvh)] = self._gather_index(blocks, kvh)
+                    gathers[(id(blocks), kvh)] = self._gather_index(blocks, kvh, view.num_blocks)
         return CpuAttentionMetadata(batch, views, gathers)
 
-    def _gather_index(self, blocks: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    @staticmethod
+    def _gather_index(blocks: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
         """[KVH * blocks.numel()] rows of the [KVH * num_blocks, block_size, D] cache view: head
         h's copy of every block in `blocks`, head-major."""
-        heads = torch.arange(num_kv_heads).unsqueeze(1) * self.num_blocks  # [KVH, 1]
+        heads = torch.arange(num_kv_heads).unsqueeze(1) * num_blocks  # [KVH, 1]
         return (heads + blocks.reshape(1, -1)).reshape(-1)
 
     def _decode_rows(
@@ -346,13 +366,13 @@ class CpuAttentionImpl(AttentionImpl):
     def forward(self, q, k, v, kv_cache: KVCache, metadata: CpuAttentionMetadata):
         k_cache, v_cache = kv_cache  # [KVH, num_blocks * block_size, D]
         ops = self.kernels
+        view = metadata.views[self.view_key]
+        slots = view.slot_mapping  # the layer's KV group's
         if ops is not None:
-            ops.store_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+            ops.store_kv(k, v, k_cache, v_cache, slots)
         else:
-            slots = metadata.slot_mapping
             _store(k_cache, slots, _encode(k.transpose(0, 1), k_cache.dtype, self.scales.k_scale))
             _store(v_cache, slots, _encode(v.transpose(0, 1), v_cache.dtype, self.scales.v_scale))
-        view = metadata.views[self.view_key]
         outs = []
         if view.decode is not None:
             outs.append(self._decode(q[: view.decode.seq_lens.shape[0]], kv_cache, metadata, ops))
@@ -494,6 +514,7 @@ def _causal(n: int) -> torch.Tensor:
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu-paged"
     supports_bidirectional_prompt = True
+    supports_kv_groups = True
 
     def __init__(self, kernels=None):
         self.kernels = kernels
@@ -520,7 +541,7 @@ class CpuAttentionBackend(AttentionBackend):
             torch.zeros(shape, dtype=spec.dtype, device=device),
         )
 
-    def metadata_builder(self, specs, num_blocks: int, block_size: int) -> CpuMetadataBuilder:
+    def metadata_builder(self, specs, num_blocks, block_size: int) -> CpuMetadataBuilder:
         return CpuMetadataBuilder(specs, num_blocks, self.kernels)
 
 

@@ -92,6 +92,13 @@ class FusedDecodeStack(DecodeAccelerator):
     def __init__(self, stack, layer_names: list[str]):
         self.stack = stack  # the compiled DecodeStack over the layers' packed weights
         self.layer_names = layer_names  # attention layer names, in layer order
+        # each layer's KV group (None: one block table for every layer), set with the caches
+        self.layer_groups: list[int] | None = None
+
+    def set_kv_groups(self, layer_groups: dict[str, int]) -> None:
+        """The KV group of each attention layer (a model whose windowed and full layers keep
+        separate block tables: each layer reads its group's table and slots)."""
+        self.layer_groups = [layer_groups[name] for name in self.layer_names]
 
     @classmethod
     def for_model(
@@ -142,14 +149,21 @@ class FusedDecodeStack(DecodeAccelerator):
         if not batch.is_decode_only:
             return None
         caches = [kv_caches[name] for name in self.layer_names]
-        tables, seq_lens = metadata.decode_tables  # [B, W], [B]
+        if self.layer_groups is None or batch.num_groups == 1:
+            tables, seq_lens = metadata.decode_tables  # [B, W], [B]
+            slots, tables = [batch.slot_mapping], [tables]  # every layer's
+        else:  # each layer's KV group's slots [B] and block table [B, W]
+            seq_lens = batch.seq_lens
+            groups = [batch.group(g) for g in range(batch.num_groups)]
+            slots = [groups[g].slot_mapping for g in self.layer_groups]
+            tables = [groups[g].block_table for g in self.layer_groups]
 
         def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
             return self.stack.forward(
                 hidden.contiguous(),
                 cos.squeeze(2),  # [R, B, 1, rotary_dim] -> [R, B, rotary_dim]
                 sin.squeeze(2),
-                batch.slot_mapping,
+                slots,
                 tables,
                 seq_lens,
                 batch.block_size,

@@ -34,6 +34,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -189,21 +190,41 @@ class DecodeStack {
   // slots [B] (int64: where each row's new K/V goes), block_tables [B, W] and seq_lens [B]
   // (int64: row b's keys are positions 0 <= p < seq_lens[b], its new token the last), each
   // layer's K and V cache [KVH, S, D] (passed per call: their owner frees and reallocates them).
+  // `slots` and `block_tables` hold one tensor for every layer, or one per layer (a model whose
+  // layers keep their K/V in separate block tables, one per KV group; S may then differ).
   // Returns (hidden, residual) [B, hidden] each, as the op-by-op layers leave them for the final
   // norm(hidden + residual).
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& hidden, const at::Tensor& cos,
-                                             const at::Tensor& sin, const at::Tensor& slots,
-                                             const at::Tensor& block_tables,
+                                             const at::Tensor& sin,
+                                             const std::vector<at::Tensor>& slots,
+                                             const std::vector<at::Tensor>& block_tables,
                                              const at::Tensor& seq_lens, int64_t block_size,
                                              const std::vector<at::Tensor>& k_caches,
                                              const std::vector<at::Tensor>& v_caches) const {
-    const int64_t num_slots = check_caches(k_caches, v_caches);
-    check_inputs(hidden, cos, sin, slots, block_tables, seq_lens, block_size, num_slots);
+    const size_t n = layers_.size();
+    TORCH_CHECK((slots.size() == 1 || slots.size() == n) && block_tables.size() == slots.size(),
+                "one slot tensor and block table for every layer, or one each per layer");
+    check_caches(k_caches, v_caches);
     const int64_t rows = hidden.size(0);
     std::vector<float*> k_ptrs, v_ptrs;
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    std::vector<const int64_t*> slot_ptrs, table_ptrs;
+    std::vector<int64_t> widths, layer_slots;
+    std::vector<std::tuple<const void*, const void*, int64_t>> checked;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t t = slots.size() == 1 ? 0 : i;
+      const int64_t num_slots = k_caches[i].size(1);
+      const std::tuple<const void*, const void*, int64_t> key{
+          slots[t].data_ptr(), block_tables[t].data_ptr(), num_slots};
+      if (std::find(checked.begin(), checked.end(), key) == checked.end()) {  // once per table
+        check_inputs(hidden, cos, sin, slots[t], block_tables[t], seq_lens, block_size, num_slots);
+        checked.push_back(key);
+      }
       k_ptrs.push_back(k_caches[i].data_ptr<float>());
       v_ptrs.push_back(v_caches[i].data_ptr<float>());
+      slot_ptrs.push_back(slots[t].data_ptr<int64_t>());
+      table_ptrs.push_back(block_tables[t].data_ptr<int64_t>());
+      widths.push_back(block_tables[t].size(1));
+      layer_slots.push_back(num_slots);
     }
     auto f32 = hidden.options();
     at::Tensor residual = hidden.clone();
@@ -227,14 +248,14 @@ class DecodeStack {
               cos.size(1) * cos.size(2),
               cos.data_ptr<float>(),
               sin.data_ptr<float>(),
-              slots.data_ptr<int64_t>(),
-              block_tables.data_ptr<int64_t>(),
-              block_tables.size(1),
+              slot_ptrs.data(),
+              table_ptrs.data(),
+              widths.data(),
               seq_lens.data_ptr<int64_t>(),
               block_size,
               k_ptrs.data(),
               v_ptrs.data(),
-              num_slots,
+              layer_slots.data(),
               residual.data_ptr<float>(),
               out.data_ptr<float>()};
     const size_t num_phases = layers_.size() * kPhasesPerLayer + 1;
@@ -257,13 +278,19 @@ class DecodeStack {
   struct Step {
     int64_t rows, rotary_dim, table_stride;  // table t, row b: cos + t * table_stride + b * rd
     const float *cos, *sin;
-    const int64_t *slots, *tables;
-    int64_t table_width;
+    const int64_t *const *slots, *const *tables;  // per layer: [B], [B, table_width]
+    const int64_t* table_width;                    // per layer
     const int64_t* seq_lens;
     int64_t block_size;
     float *const *k_caches, *const *v_caches;  // per layer, [KVH, num_slots, D]
-    int64_t num_slots;
+    const int64_t* num_slots;                  // per layer
     float *residual, *out;
+  };
+  // One layer's view of the step's cache metadata.
+  struct LayerCache {
+    const int64_t *slots, *tables;
+    int64_t table_width, num_slots;
+    float *k, *v;
   };
   // The buffers' rows as raw pointers, with their widths.
   struct Rows {
@@ -354,21 +381,21 @@ class DecodeStack {
     return l;
   }
 
-  // The number of slots of the caches, which every layer's K and V share.
-  int64_t check_caches(const std::vector<at::Tensor>& k_caches,
-                       const std::vector<at::Tensor>& v_caches) const {
+  // Every layer's K and V caches: [kv_heads, slots, head_dim], K's and V's alike (the number of
+  // slots may differ between layers of different KV groups).
+  void check_caches(const std::vector<at::Tensor>& k_caches,
+                    const std::vector<at::Tensor>& v_caches) const {
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
                 "one K and one V cache per layer");
-    const int64_t num_slots = k_caches[0].dim() == 3 ? k_caches[0].size(1) : -1;
     for (size_t i = 0; i < layers_.size(); ++i) {
+      const int64_t num_slots = k_caches[i].dim() == 3 ? k_caches[i].size(1) : -1;
       for (const at::Tensor* t : {&k_caches[i], &v_caches[i]}) {
         check_f32(*t, "KV cache");
         TORCH_CHECK(t->is_contiguous() && t->dim() == 3 && t->size(0) == kv_heads_ &&
                         t->size(1) == num_slots && t->size(2) == head_dim_,
-                    "KV caches must be [kv_heads, slots, head_dim], the same for every layer");
+                    "KV caches must be [kv_heads, slots, head_dim], K's and V's alike");
       }
     }
-    return num_slots;
   }
 
   void check_inputs(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
@@ -500,17 +527,18 @@ class DecodeStack {
     for (size_t li = 0; li < layers_.size(); ++li) {
       const Layer& l = layers_[li];
       const Layer* prev = li == 0 ? nullptr : &layers_[li - 1];
-      float *k_cache = s.k_caches[li], *v_cache = s.v_caches[li];
+      const LayerCache lc{s.slots[li],       s.tables[li],     s.table_width[li],
+                          s.num_slots[li],   s.k_caches[li],   s.v_caches[li]};
       PhaseCounter* c = counter + li * kPhasesPerLayer;
       const bool attn_q_in_task = l.o.quantized && attn_quant_in_task_;
       run_phase(c[0], rows, [&](int64_t b) { pre_attention_row(l, prev, s, r, buf, b, branch); });
       run_phase(c[1], qkv_tiles_, linear(l.qkv, r.normed, hd, buf.normed_q, r.qkv, r.qkv_w));
       run_phase(c[2], rows, [&](int64_t b) {
-        rope_and_store(l, s, r.qkv + b * r.qkv_w, b, k_cache, v_cache);
+        rope_and_store(l, s, lc, r.qkv + b * r.qkv_w, b);
       });
       run_phase(c[3], rows * kv_heads_, [&](int64_t task) {
         const int64_t b = task / kv_heads_, h = task % kv_heads_;
-        attend_group(l, s, r.qkv + b * r.qkv_w, b, h, k_cache, v_cache, r.attn, scratch);
+        attend_group(l, s, lc, r.qkv + b * r.qkv_w, b, h, r.attn, scratch);
         if (attn_q_in_task) {
           buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, h * group * d, group * d);
         }
@@ -537,8 +565,8 @@ class DecodeStack {
   // Row b's q and k heads (in its qkv row [q heads | k heads | v heads]): per-head norm when
   // the model has one, RoPE at the row's position with the layer's table; then its K and V go
   // to the cache slot.
-  void rope_and_store(const Layer& l, const Step& s, float* qkv_row, int64_t b, float* k_cache,
-                      float* v_cache) const {
+  void rope_and_store(const Layer& l, const Step& s, const LayerCache& lc, float* qkv_row,
+                      int64_t b) const {
     const int64_t d = head_dim_, rd = s.rotary_dim;
     const int64_t offset = l.rope_table * s.table_stride + b * rd;
     const float *c = s.cos + offset, *sn = s.sin + offset;
@@ -549,23 +577,22 @@ class DecodeStack {
       }
       if (rd > 0) rotate(v, c, sn, rd, interleaved_);
     }
-    const int64_t slot = s.slots[b];
+    const int64_t slot = lc.slots[b];
     for (int64_t h = 0; h < kv_heads_; ++h) {
-      std::copy_n(qkv_row + (heads_ + h) * d, d, k_cache + (h * s.num_slots + slot) * d);
+      std::copy_n(qkv_row + (heads_ + h) * d, d, lc.k + (h * lc.num_slots + slot) * d);
       std::copy_n(qkv_row + (heads_ + kv_heads_ + h) * d, d,
-                  v_cache + (h * s.num_slots + slot) * d);
+                  lc.v + (h * lc.num_slots + slot) * d);
     }
   }
 
   // The query heads of KV head h in row b against the row's visible keys, read in place.
-  void attend_group(const Layer& l, const Step& s, const float* qkv_row, int64_t b, int64_t h,
-                    const float* k_cache, const float* v_cache, float* attn,
-                    AttendScratch& scratch) const {
+  void attend_group(const Layer& l, const Step& s, const LayerCache& lc, const float* qkv_row,
+                    int64_t b, int64_t h, float* attn, AttendScratch& scratch) const {
     const int64_t d = head_dim_, group = heads_ / kv_heads_, seq_len = s.seq_lens[b];
     const int64_t first = l.window > 0 ? std::max<int64_t>(0, seq_len - l.window) : 0;
-    attend_kv_head(qkv_row + h * group * d, d, group, s.tables + b * s.table_width, s.block_size,
-                   first, seq_len - first, k_cache + h * s.num_slots * d,
-                   v_cache + h * s.num_slots * d, d, scale_, attn + (b * heads_ + h * group) * d,
+    attend_kv_head(qkv_row + h * group * d, d, group, lc.tables + b * lc.table_width,
+                   s.block_size, first, seq_len - first, lc.k + h * lc.num_slots * d,
+                   lc.v + h * lc.num_slots * d, d, scale_, attn + (b * heads_ + h * group) * d,
                    scratch, softcap_, l.alibi == nullptr ? nullptr : l.alibi + h * group);
   }
 
