@@ -1,6 +1,6 @@
 """Decode speed over HTTP with trained Medusa heads, n-gram speculation and no speculation.
 
-    python scripts/bench_speculators.py --quick     # the lead's quiet-window run (~6 min, estimated)
+    python scripts/bench_speculators.py --quick   # the lead's quiet-window run (~6 min, estimated)
     python scripts/bench_speculators.py             # the full run (3 rounds, more requests)
     python scripts/bench_speculators.py --smoke     # a couple of minutes: checks that it all runs
 
@@ -205,7 +205,8 @@ def main(argv=None) -> int:
     held = split(chat_prompts() + code_prompts())[1]  # the training script's held-out prompts
     chat_held = [p for p in held if p in set(chat_prompts())]
     code_held = [p for p in held if p in set(code_prompts())]
-    mixed = [p for pair in zip(chat_held, code_held) for p in pair] + chat_held[len(code_held):]
+    pairs = zip(chat_held, code_held, strict=False)
+    mixed = [p for pair in pairs for p in pair] + chat_held[len(code_held) :]  # chat and code
     out = args.out or ROOT / "bench-results" / time.strftime("speculators-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     atexit.register(_cleanup)
@@ -221,7 +222,8 @@ def main(argv=None) -> int:
         "chat1": (lambda url: load(url, cycle(chat_held, n), 1, t), set(systems)),
         "code1": (lambda url: load(url, cycle(code_held, n), 1, t), set(systems)),
         f"chat{plan.clients}": (
-            lambda url: load(url, cycle(mixed, plan.batch), plan.clients, t), {"base", "medusa"}
+            lambda url: load(url, cycle(mixed, plan.batch), plan.clients, t),
+            {"base", "medusa"},
         ),
     }
     results = {

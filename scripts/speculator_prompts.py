@@ -1,6 +1,7 @@
 """Chat and code-editing prompts for scripts/train_speculator.py and the speculation benchmarks,
-built from fixed templates (no download). `split(prompts)` keeps one prompt in 5 (a different template for
-each topic or snippet) for held-out evaluation and benchmarking, so the benchmark never measures prompts the heads were trained on."""
+built from fixed templates (no download). `split(prompts)` keeps one prompt in 5 (a different
+template for each topic or snippet) for held-out evaluation and benchmarking, so the benchmark
+never measures prompts the heads were trained on."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ CHAT_TEMPLATES = [
 ]
 SNIPPETS = [
     "def add(a, b):\n    return a + b",
-    "def is_even(n):\n    if n % 2 == 0:\n        return True\n    else:\n        return False",
+    "def is_even(n):\n    if n % 2 == 0:\n        return True\n"
+    "    else:\n        return False",
     "def greet(name):\n    print('Hello ' + name)",
     "def total(items):\n    s = 0\n    for x in items:\n        s = s + x\n    return s",
-    "def find_max(values):\n    best = values[0]\n    for v in values:\n        if v > best:\n            best = v\n    return best",
+    "def find_max(values):\n    best = values[0]\n    for v in values:\n"
+    "        if v > best:\n            best = v\n    return best",
     "def count_words(text):\n    words = text.split(' ')\n    return len(words)",
-    "def square_all(nums):\n    out = []\n    for n in nums:\n        out.append(n * n)\n    return out",
+    "def square_all(nums):\n    out = []\n    for n in nums:\n"
+    "        out.append(n * n)\n    return out",
     "def read_file(path):\n    f = open(path)\n    data = f.read()\n    f.close()\n    return data",
 ]  # fmt: skip
 CODE_TEMPLATES = [
@@ -48,4 +52,6 @@ def code_prompts() -> list[str]:
 def split(prompts: list[str]) -> tuple[list[str], list[str]]:
     """(training prompts, held-out prompts): one in 5, the template rotating with the subject."""
     held = [(i + i // 5) % 5 == 4 for i in range(len(prompts))]
-    return [p for p, h in zip(prompts, held) if not h], [p for p, h in zip(prompts, held) if h]
+    return [p for p, h in zip(prompts, held, strict=True) if not h], [
+        p for p, h in zip(prompts, held, strict=True) if h
+    ]

@@ -54,7 +54,9 @@ def answers(base: Path, prompts: list[str], max_new_tokens: int) -> tuple[list, 
         outs = llm.generate(ids, max_new_tokens=max_new_tokens)
     finally:
         llm.close()
-    return [list(p) + list(o.token_ids) for p, o in zip(ids, outs, strict=True)], [len(p) for p in ids]
+    return [list(p) + list(o.token_ids) for p, o in zip(ids, outs, strict=True)], [
+        len(p) for p in ids
+    ]
 
 
 @torch.no_grad()
@@ -90,7 +92,10 @@ def train(hidden, targets, lm_head, heads: int, epochs: int, lr: float, batch: i
     size = hidden.shape[1]
     params = []
     for _ in range(heads):
-        params += [torch.zeros(size, size, requires_grad=True), torch.zeros(size, requires_grad=True)]
+        params += [
+            torch.zeros(size, size, requires_grad=True),
+            torch.zeros(size, requires_grad=True),
+        ]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed)
     steps = epochs * ((len(hidden) + batch - 1) // batch)
@@ -121,7 +126,10 @@ def evaluate(hidden, targets, lm_head, blocks) -> tuple[list[float], list[float]
     full = (targets >= 0).all(dim=1)
     x, t = hidden[full], targets[full]
     right = torch.stack(
-        [F.linear(head_out(x, w, b), lm_head).argmax(-1) == t[:, h] for h, (w, b) in enumerate(blocks)],
+        [
+            F.linear(head_out(x, w, b), lm_head).argmax(-1) == t[:, h]
+            for h, (w, b) in enumerate(blocks)
+        ],
         dim=1,
     )  # [n, heads]
     chain = right.long().cumprod(dim=1).bool()
@@ -130,7 +138,9 @@ def evaluate(hidden, targets, lm_head, blocks) -> tuple[list[float], list[float]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path.home() / ".cache/pytgi-bench/smollm2-medusa")
+    parser.add_argument(
+        "--out", type=Path, default=Path.home() / ".cache/pytgi-bench/smollm2-medusa"
+    )
     parser.add_argument("--base", type=Path, help="an HF directory (default: SmolLM2 float32)")
     parser.add_argument("--heads", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -141,9 +151,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    from transformers import AutoModelForCausalLM
-
     from speculator_prompts import chat_prompts, code_prompts, split
+    from transformers import AutoModelForCausalLM
 
     start = time.monotonic()
     if args.base is None:
@@ -157,14 +166,18 @@ def main(argv=None) -> int:
     seqs, plens = answers(args.base, train_prompts + held_prompts, args.max_new_tokens)
     n = len(train_prompts)
     generated = sum(len(s) - p for s, p in zip(seqs, plens, strict=True))
-    print(f"[{time.monotonic() - start:5.0f} s] {len(seqs)} answers, {generated} tokens", flush=True)
+    print(
+        f"[{time.monotonic() - start:5.0f} s] {len(seqs)} answers, {generated} tokens", flush=True
+    )
     model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     lm_head = model.get_output_embeddings().weight.detach()  # [V, H]
     train_h, train_t = hidden_rows(model, seqs[:n], plens[:n], args.heads)
     held_h, held_t = hidden_rows(model, seqs[n:], plens[n:], args.heads)
     print(f"[{time.monotonic() - start:5.0f} s] hidden states: {len(train_h)} training rows, "
           f"{len(held_h)} held-out rows", flush=True)  # fmt: skip
-    blocks = train(train_h, train_t, lm_head, args.heads, args.epochs, args.lr, args.batch, args.seed)
+    blocks = train(
+        train_h, train_t, lm_head, args.heads, args.epochs, args.lr, args.batch, args.seed
+    )
     top1, chain = evaluate(held_h, held_t, lm_head, blocks)
     save(args.out, args.base, blocks, lm_head.shape[0])
     print(f"[{time.monotonic() - start:5.0f} s] held-out ({len(held_prompts)} prompts):")
