@@ -12,6 +12,7 @@ heads, `--speculate` = their number). Workloads, greedy `/v1/chat/completions` o
 prompts of scripts/speculator_prompts.py (never trained on): `chat1` and `code1` (one client,
 requests one after another: decode tok/s = completion tokens / wall time) and `chat16` (16
 clients on chat and code prompts: output tok/s). Rounds alternate the order of the systems.
+Each server's `pytgi_speculative_*` counters (drafts, accepted, acceptance rate) are kept too.
 Every measurement records the CPU other processes used meanwhile (bench_issue22's OthersMeter)
 and is flagged above 0.1 core. Writes OUT/results.json and OUT/report.md.
 """
@@ -120,6 +121,21 @@ def load(url: str, prompts: list[str], clients: int, max_tokens: int, models=("t
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "requests": len(prompts)}
 
 
+def speculation_metrics(url: str) -> dict:
+    """The server's `pytgi_speculative_*` counters (drafts, accepted, rate) over all its work."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError as err:
+        return {"error": str(err)}
+    metrics = {}
+    for line in text.splitlines():
+        if line.startswith("pytgi_speculative_"):
+            key, _, value = line.partition(" ")
+            metrics[key] = float(value)
+    return metrics
+
+
 def measured(fn, *args, **kwargs) -> dict:
     with OthersMeter() as meter:
         try:
@@ -176,6 +192,7 @@ def run_rounds(systems: dict, workloads: dict, plan: Plan, out: Path, threads: i
                     if name in on:
                         entry[wname] = measured(fn, server.url)
                         print(f"  round {rnd + 1} {name} {wname}: {entry[wname]}", flush=True)
+                entry["speculation"] = speculation_metrics(server.url)
             finally:
                 server.stop()
     return results
