@@ -58,7 +58,7 @@ class Plan:
 
 PLANS = {
     "full": Plan(rounds=3, max_tokens=128, single=8, batch=48),
-    "quick": Plan(rounds=2, max_tokens=96, single=3, batch=16),
+    "quick": Plan(rounds=2, max_tokens=64, single=3, batch=16),
     "smoke": Plan(rounds=1, max_tokens=8, single=1, batch=4, clients=4),
 }
 
