@@ -161,6 +161,34 @@ def llama32_gguf(tiny_model_factory, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def llamacpp_mixtral(tiny_model_factory, tmp_path_factory):
+    """`factory(outtype) -> (GGUF file, HF checkpoint)`: the tiny random Mixtral converted by
+    llama.cpp's own convert_hf_to_gguf.py with `--outtype` "f32" or "q8_0" (its own quantizer),
+    or a llama-quantize type ("Q4_0", ...) requantized from the f32 file by llama.cpp's
+    `llama-quantize`; skips when the converter or the binary cannot be had."""
+    from fixtures.llamacpp import LlamaCppUnavailable, convert, requantize
+
+    model_dir = tiny_model_factory("mixtral")
+    directory = tmp_path_factory.mktemp("mixtral-llamacpp")
+    built: dict[str, Path] = {}
+
+    def factory(outtype: str) -> tuple[Path, Path]:
+        if outtype not in built:
+            try:
+                if outtype in ("f32", "q8_0"):
+                    path = convert(model_dir, directory / f"mixtral-{outtype}.gguf", outtype)
+                else:
+                    source = factory("f32")[0]
+                    path = requantize(source, directory / f"mixtral-{outtype}.gguf", outtype)
+            except LlamaCppUnavailable as err:
+                pytest.skip(f"llama.cpp's tools unavailable: {err}")
+            built[outtype] = path
+        return built[outtype], model_dir
+
+    return factory
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(gguf_factory) -> tuple[Path, Path]:
     return gguf_factory("llama")
 

@@ -231,3 +231,27 @@ def test_llama32_gguf_from_llama_cpp_serves_transformers_tokens_past_1000(llama3
     expected, logprobs = transformers_greedy(model_dir, ids)
     assert [t.id for t in out.details.tokens] == expected
     assert [t.logprob for t in out.details.tokens] == pytest.approx(logprobs, abs=1e-3)
+
+
+def test_mixtral_gguf_from_llama_cpp_q8_0_is_served_as_transformers_on_its_weights(
+    llamacpp_mixtral, tmp_path
+):
+    """A tiny Mixtral converted by llama.cpp's convert_hf_to_gguf.py --outtype q8_0, served with
+    full-precision activations: /info names Mixtral and the file's types, and a prompt's greedy
+    continuation is transformers' on the file's dequantized tensors."""
+    from fixtures.gguf_files import mixtral_from_gguf
+    from models.test_parity import hf_greedy
+
+    path, model_dir = llamacpp_mixtral("q8_0")
+    server = start(path, "--quantize-activations", "fp32", log_dir=tmp_path)
+    try:
+        info = httpx.get(f"{server.url}/info").json()
+        text = "The quick brown fox jumps over the lazy dog"
+        ids = [t["id"] for t in httpx.post(f"{server.url}/tokenize", json={"inputs": text}).json()]
+        out = Client(server.url, timeout=60).generate(text, max_new_tokens=NEW_TOKENS)
+    finally:
+        server.stop()
+    assert (info["model_architecture"], info["quantize"]) == ("MixtralForCausalLM", "gguf")
+    assert info["weight_types"] == "Q8_0 x18, F32 x5"
+    expected, _ = hf_greedy(mixtral_from_gguf(model_dir, path), ids, NEW_TOKENS)
+    assert [t.id for t in out.details.tokens] == expected

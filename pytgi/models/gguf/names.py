@@ -64,15 +64,24 @@ def split_expert_names(name: str, num_experts: int) -> list[str] | None:
 
 def llama_name_map(num_layers: int, num_experts: int = 0) -> dict[str, str]:
     """GGUF name -> HF name of every weight and bias a Llama of `num_layers` layers can have
-    (with `num_experts`: a Mixtral, its router and stacked experts)."""
+    (with `num_experts`: a Mixtral, its router and stacked experts, no dense MLP).
+
+    A Mixtral's router is `ffn_gate_inp`, or `ffn_gate` [E, H] in files of the converters whose
+    tensor map also lists HF's `block_sparse_moe.gate` under FFN_GATE (added there for
+    SmallThinker, the later entry wins; llama.cpp 2025-07 onwards, e.g. the converter vendored
+    in llama-cpp-python 0.3.16): a Mixtral layer has no dense gate, so the name is unambiguous.
+    """
     name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, num_layers)
+    layer_params = [p for p in _LLAMA_LAYER if not (num_experts and p.startswith("mlp."))]
     hf_names = list(_LLAMA_TOP) + [
-        f"model.layers.{i}.{param}" for i in range(num_layers) for param in _LLAMA_LAYER
+        f"model.layers.{i}.{param}" for i in range(num_layers) for param in layer_params
     ]
     mapping = {}
     if num_experts:
         for i in range(num_layers):
-            mapping[f"blk.{i}.ffn_gate_inp.weight"] = f"model.layers.{i}.{_MOE_PREFIX}.gate.weight"
+            router = f"model.layers.{i}.{_MOE_PREFIX}.gate.weight"
+            mapping[f"blk.{i}.ffn_gate_inp.weight"] = router
+            mapping[f"blk.{i}.ffn_gate.weight"] = router
             for module in STACKED_EXPERTS:
                 mapping[f"blk.{i}.{module}.weight"] = stacked_expert_name(i, module)
     for name in hf_names:

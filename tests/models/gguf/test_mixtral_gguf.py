@@ -1,7 +1,14 @@
 """A Mixtral GGUF in llama.cpp's layout (`llama` architecture with expert_count, router
 `ffn_gate_inp`, experts stacked in `ffn_{gate,up,down}_exps`, here Q8_0): served natively as
 Mixtral, with the same greedy tokens and close logits as transformers' Mixtral holding the same
-(dequantized) weights; the older one-tensor-per-expert layout is refused in one line."""
+(dequantized) weights; the older one-tensor-per-expert layout is refused in one line.
+
+The same for files llama.cpp's own tools wrote from a tiny random Mixtral checkpoint:
+convert_hf_to_gguf.py at f32 and q8_0 (its own quantizer; it also writes the router as
+`ffn_gate`, quantized), and llama-quantize's Q4_0 from the f32 file; the reference is
+transformers' Mixtral holding every tensor of the file as gguf-py dequantizes it, pytgi runs
+with full-precision activations.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ import os
 import gguf
 import pytest
 import torch
-from fixtures.gguf_files import write_llama_gguf
+from fixtures.gguf_files import mixtral_from_gguf, write_llama_gguf
 from models.runner_utils import load_hf, make_runner
 from models.test_parity import assert_close, hf_greedy, prompt, scheduled, step
 
@@ -46,6 +53,11 @@ def test_mixtral_gguf_matches_transformers_on_its_weights(mixtral_gguf):
     torch.set_num_threads(1)
     path, hf = mixtral_gguf
     runner = make_runner(prepared_dir(path, os.environ["PYTGI_CACHE_DIR"]))
+    assert_greedy_matches(runner, hf)
+
+
+def assert_greedy_matches(runner, hf) -> None:
+    """8 greedy steps after a 14-token prompt: the same tokens, logits within the parity ATOL."""
     assert runner.spec.architecture == "MixtralForCausalLM"
     assert runner.spec.moe.num_experts == 4 and runner.spec.moe.top_k == 2
     ids = prompt(14, seed=3)
@@ -59,6 +71,30 @@ def test_mixtral_gguf_matches_transformers_on_its_weights(mixtral_gguf):
         assert_close(logits[0], ref_logits[i], f"mixtral gguf step {i}")
         ours.append(int(logits[0].argmax()))
     assert ours == tokens
+
+
+# the types llama.cpp's tools store a tiny Mixtral's tensors in (64-wide rows: no K-quants)
+LLAMACPP_TYPES = {
+    "f32": {"F32": 23},
+    "q8_0": {"Q8_0": 18, "F32": 5},  # norms stay F32; the router (`ffn_gate`) is quantized
+    "Q4_0": {"Q4_0": 17, "Q8_0": 1, "F32": 5},  # the output: Q6_K falls back to Q8_0
+}
+
+
+@pytest.mark.parametrize("outtype", list(LLAMACPP_TYPES))
+def test_llamacpp_mixtral_matches_transformers_on_its_weights(llamacpp_mixtral, outtype):
+    torch.set_num_threads(1)
+    path, model_dir = llamacpp_mixtral(outtype)
+    reader = gguf.GGUFReader(path)
+    types = {}
+    for tensor in reader.tensors:
+        types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+    assert types == LLAMACPP_TYPES[outtype]
+    names = {t.name for t in reader.tensors}
+    assert "blk.0.ffn_gate_exps.weight" in names and "blk.0.ffn_up.weight" not in names
+    hf = mixtral_from_gguf(model_dir, path)
+    directory = prepared_dir(path, os.environ["PYTGI_CACHE_DIR"])
+    assert_greedy_matches(make_runner(directory, quantize_activations="fp32"), hf)
 
 
 def test_per_expert_gguf_layout_is_refused():
