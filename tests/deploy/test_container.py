@@ -1,6 +1,9 @@
-"""The CPU image (`Dockerfile`, built by scripts/build_image_debian.sh) run with podman: TGI's
-conventions in its config, the bundled demo model served on /generate, the CPU kernels built at
-image build time (not at start), the HEALTHCHECK passing, and `podman stop` draining to exit 0.
+"""The images built by scripts/build_image_debian.sh, run with podman: the CPU one (`Dockerfile`)
+and the CUDA one (`Dockerfile.cuda`, `--cuda`), each where it is present. Each keeps TGI's
+conventions in its config, serves the bundled demo model on /generate (the CUDA image on its CPU
+fallback where there is no GPU, as here), has its CPU kernels built at image build time (not at
+start), passes its HEALTHCHECK, and drains on `podman stop` to exit 0. The CUDA image's torch is a
+CUDA build (`torch.version.cuda` set) whose CUDA libraries load without a GPU.
 
 Marked `container`, deselected by default: building the image takes many minutes, so the test
 only runs an image that is already there (`pytest -m container tests/deploy/test_container.py`)
@@ -20,7 +23,8 @@ import pytest
 
 pytestmark = pytest.mark.container
 
-IMAGE = "localhost/pytgi-cpu:latest"
+IMAGES = {"cpu": "localhost/pytgi-cpu:latest", "cuda": "localhost/pytgi-cuda:latest"}
+BUILD = {"cpu": "scripts/build_image_debian.sh", "cuda": "scripts/build_image_debian.sh --cuda"}
 PODMAN = ["podman", "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs", "--runtime", "runc"]
 RUN_FLAGS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 
@@ -40,21 +44,27 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def container():
+def _image(kind: str) -> str:
+    image = IMAGES[kind]
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    if _podman("image", "exists", IMAGE).returncode != 0:
-        pytest.skip(f"no {IMAGE}: build it with scripts/build_image_debian.sh")
+    if _podman("image", "exists", image).returncode != 0:
+        pytest.skip(f"no {image}: build it with {BUILD[kind]}")
+    return image
+
+
+@pytest.fixture(scope="module", params=sorted(IMAGES))
+def container(request):
+    image = _image(request.param)
     port = _free_port()
-    name = f"pytgi-test-{port}"
+    name = f"pytgi-test-{request.param}-{port}"
     started = _podman(
-        "run", "-d", "--name", name, *RUN_FLAGS, "-p", f"127.0.0.1:{port}:80", IMAGE,
+        "run", "-d", "--name", name, *RUN_FLAGS, "-p", f"127.0.0.1:{port}:80", image,
         "--num-threads", "1", "--max-batch-prefill-tokens", "256",
     )  # fmt: skip
     assert started.returncode == 0, started.stderr
     try:
-        yield name, f"http://127.0.0.1:{port}"
+        yield request.param, name, f"http://127.0.0.1:{port}"
     finally:
         _podman("rm", "-f", "-t", "0", name, timeout=600)  # vfs: deletes a whole rootfs copy
 
@@ -73,10 +83,9 @@ def _wait_healthy(name: str, url: str, timeout_s: float = 300) -> None:
     raise TimeoutError(_logs(name))
 
 
-def test_image_config_keeps_tgi_conventions():
-    if shutil.which("podman") is None or _podman("image", "exists", IMAGE).returncode != 0:
-        pytest.skip("podman or the image is missing")
-    [config] = json.loads(_podman("image", "inspect", IMAGE).stdout)
+@pytest.mark.parametrize("kind", sorted(IMAGES))
+def test_image_config_keeps_tgi_conventions(kind):
+    [config] = json.loads(_podman("image", "inspect", _image(kind)).stdout)
     assert config["Config"]["Entrypoint"] == ["text-generation-launcher"]
     env = dict(item.split("=", 1) for item in config["Config"]["Env"])
     assert env["PORT"] == "80" and env["HF_HOME"] == "/data"
@@ -86,7 +95,7 @@ def test_image_config_keeps_tgi_conventions():
 
 
 def test_container_serves_generate_and_drains_on_stop(container):
-    name, url = container
+    kind, name, url = container
     _wait_healthy(name, url)
     body = {"inputs": "In the beginning", "parameters": {"max_new_tokens": 8, "details": True}}
     response = httpx.post(f"{url}/generate", json=body, timeout=60)
@@ -98,7 +107,21 @@ def test_container_serves_generate_and_drains_on_stop(container):
     assert "Building the CPU kernels" not in logs  # built into the image
     assert "CPU kernels ready" in logs
     assert _podman("healthcheck", "run", name).returncode == 0
+    if kind == "cuda":
+        _check_cuda_torch(name)
 
     assert _podman("stop", "-t", "95", name, timeout=120).returncode == 0
     assert _podman("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip() == "0"
     assert "Shut down cleanly" in _logs(name)
+
+
+def _check_cuda_torch(name: str) -> None:
+    """torch in the CUDA image is a CUDA build and its CUDA libraries (the nvidia-* wheels) load;
+    with no GPU (and no driver) CUDA is unavailable and the server above ran on the CPU."""
+    probe = "import torch; print(torch.version.cuda, torch.cuda.is_available())"
+    out = _podman("exec", name, "python3", "-c", probe)
+    assert out.returncode == 0, out.stderr
+    version, available = out.stdout.split()
+    assert version.split(".")[0].isdigit(), out.stdout
+    if available == "False":  # no GPU here: the server chose its CPU platform
+        assert "platform: cpu (compiled kernels" in _logs(name)

@@ -50,7 +50,7 @@ def test_kernels_are_built_in_the_image(name):
     env = _env(instructions)
     runs = [rest for keyword, rest in instructions if keyword == "RUN"]
     build = [i for i, run in enumerate(runs) if "load_cpu_kernels" in run]
-    install = [i for i, run in enumerate(runs) if re.search(r"pip3? install (\$\{\w+\} )?\.", run)]
+    install = [i for i, run in enumerate(runs) if re.search(r"pip3? install (\S+ )*\.( |$)", run)]
     assert build and install and build[0] > install[0]  # after pytgi is installed
     # the runtime looks where the build wrote (the kernels' directory root)
     assert env["TORCH_EXTENSIONS_DIR"].startswith("/opt/")
@@ -69,5 +69,15 @@ def test_copied_paths_exist(name):
 
 def test_torch_version_matches_the_project_pin():
     pin = re.search(r'"torch==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    for name in RECIPES:
-        assert f"torch=={pin}" in (ROOT / name).read_text(), name
+    assert f"torch=={pin}" in (ROOT / "Dockerfile").read_text()
+    # the CUDA recipe's default; scripts/build_image_debian.sh --cuda overrides it with the CUDA
+    # build it can reach, which the next step must not replace
+    assert f"ARG TORCH_VERSION={pin}" in (ROOT / "Dockerfile.cuda").read_text()
+
+
+def test_cuda_recipe_keeps_its_torch_when_installing_pytgi():
+    runs = [rest for keyword, rest in _instructions("Dockerfile.cuda") if keyword == "RUN"]
+    [torch] = [i for i, run in enumerate(runs) if "torch==${TORCH_VERSION}" in run]
+    [pytgi] = [run for run in runs if re.search(r"pip3 install (\S+ )*\.( |$)", run)]
+    assert runs.index(pytgi) > torch
+    assert "--no-deps" in pytgi and "not r.startswith('torch')" in pytgi
