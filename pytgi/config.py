@@ -274,9 +274,10 @@ class CacheInfo:
     kv_bytes_per_token: int = 0  # every layer's K and V for one token, on one rank
     # every attention layer has a sliding window: the largest (older blocks are freed); else None
     sliding_window: int | None = None
-    # the model attends bidirectionally over each prompt (PaliGemma's prefix-LM): the scheduler
-    # runs a prompt whole in one step and takes no prefix hit inside it
-    bidirectional_prompt: bool = False
+    # the model's bidirectional spans (messages/bidirectional.py: "prompt" for PaliGemma's
+    # prefix-LM, "images" for Gemma 3), None: causal; the scheduler runs each span whole in one
+    # step and takes no prefix hit that ends inside one
+    bidirectional: str | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)

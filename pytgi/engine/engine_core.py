@@ -48,7 +48,7 @@ class EngineCore:
             cache_info.block_size,
             config.cache.enable_prefix_caching,
             cache_info.sliding_window,
-            cache_info.bidirectional_prompt,
+            cache_info.bidirectional,
         )
         self.scheduler = Scheduler(config.scheduler, kv, grammar)
         self._stats = EngineStats(num_kv_blocks=cache_info.num_blocks)

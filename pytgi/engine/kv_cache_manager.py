@@ -16,18 +16,22 @@ hash), so a later prefix hit reads only blocks whose contents are intact; a hit 
 from the sequence's start, so once an early block is evicted nothing past it matches and the
 prompt is recomputed from there.
 
-Bidirectional prompts (`bidirectional_prompt`, PaliGemma's prefix-LM): every prompt token's K/V
-depends on the whole prompt, so a block inside the prompt is only reusable by a sequence with the
-same whole prompt. A hit is therefore taken only when it covers the prompt entirely (the chain of
-hashes then proves every prompt token equal), and the chain starts from the prompt's length, so
-prompts of different lengths never share a block; a shorter hit is dropped and the prompt is
-computed whole (in practice: a preempted request re-hitting its own prompt and output).
+Bidirectional spans (`bidirectional`, messages/bidirectional.py): a span's tokens see each
+other both ways, so their K/V are right only when the whole span ran in one step. A hit never
+ends inside a span: it is cut back to the block boundary before the span (repeatedly, when that
+boundary falls inside an earlier span). With the "prompt" mode (PaliGemma's prefix-LM) every
+prompt token's K/V depends on the whole prompt, so the chain also starts from the prompt's
+length: prompts of different lengths never share a block, and a hit covering the prompt (in
+practice a preempted request re-hitting its own prompt and output) proves every prompt token
+equal. With "images" (Gemma 3) a block holding image tokens is keyed by the image's content hash
+already, and an image's K/V depend only on its own tokens and those before it.
 """
 
 from __future__ import annotations
 
 from pytgi.engine.block_pool import Block, BlockHash, BlockPool, hash_block
 from pytgi.engine.request import Request
+from pytgi.messages.bidirectional import PROMPT, span_around, spans_of
 from pytgi.utils.math import cdiv
 
 NULL_BLOCK = Block(block_id=0)  # a freed out-of-window position: never read, never freed
@@ -40,11 +44,11 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
-        bidirectional_prompt: bool = False,
+        bidirectional: str | None = None,
     ):
         self.block_size = block_size
         self.sliding_window = sliding_window
-        self.bidirectional_prompt = bidirectional_prompt
+        self.bidirectional = bidirectional
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
@@ -79,11 +83,21 @@ class KVCacheManager:
             if block is None:
                 break
             hit.append(block)
-        if self.bidirectional_prompt and len(hit) * self.block_size < request.num_prompt_tokens:
-            hit = []  # its K/V saw prompt tokens the hit does not prove equal
+        if self.bidirectional:
+            hit = hit[: self._outside_spans(request, len(hit) * self.block_size) // self.block_size]
         self.num_queried_tokens += request.num_prompt_tokens
         self.num_hit_tokens += len(hit) * self.block_size
         return hit
+
+    def spans(self, request: Request):
+        return spans_of(self.bidirectional, request.num_prompt_tokens, request.multimodal_inputs)
+
+    def _outside_spans(self, request: Request, num_tokens: int) -> int:
+        """The largest block boundary <= num_tokens that cuts no bidirectional span."""
+        spans = self.spans(request)
+        while (span := span_around(spans, num_tokens)) is not None:
+            num_tokens = span[0] // self.block_size * self.block_size
+        return num_tokens
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached: list[Block] | None = None
@@ -160,7 +174,7 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             # a LoRA adapter (or an input every token depends on) changes every layer's K/V: the
             # first block chains from it
-            parent = hashes[-1] if hashes else _root(request, self.bidirectional_prompt)
+            parent = hashes[-1] if hashes else _root(request, self.bidirectional == PROMPT)
             tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
             images = _images_in(request, i * bs, (i + 1) * bs)
             hashes.append(hash_block(parent, tokens + images if images else tokens))

@@ -22,7 +22,7 @@ def make_core(num_blocks=64, prefill=16):
         scheduler=SchedulerConfig(max_batch_prefill_tokens=prefill),
     )
     executor = FakeExecutor(num_blocks, 4)
-    info = replace(executor.initialize(), bidirectional_prompt=True)
+    info = replace(executor.initialize(), bidirectional="prompt")
     return EngineCore(config, executor, info), executor
 
 
@@ -54,7 +54,7 @@ def test_prompts_run_whole_and_over_the_budget_alone():
 
 
 def test_no_hit_inside_a_prompt_but_a_whole_prompt_hit_is_taken():
-    kv = KVCacheManager(num_blocks=32, block_size=4, bidirectional_prompt=True)
+    kv = KVCacheManager(num_blocks=32, block_size=4, bidirectional="prompt")
     first = Request.from_engine_request(request("a", range(1, 13)))  # 12 tokens, 3 blocks
     assert kv.allocate_slots(first, 17)
     first.output_ids = [5, 6, 7, 8, 9]
