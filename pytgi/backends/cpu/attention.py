@@ -169,8 +169,8 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         gathers = {}
         for view in views.values():
             groups = [view.decode.blocks] if view.decode and view.decode.blocks is not None else []
-            if self.torch_prefill:
-                groups += [row.blocks for row in view.prefills if row.blocks is not None]
+            groups += [row.blocks for row in view.prefills if row.blocks is not None
+                       and (self.torch_prefill or row.bidirectional)]  # fmt: skip
             for blocks in groups:
                 for kvh in self.kv_heads:
                     gathers[(id(blocks), kvh)] = self._gather_index(blocks, kvh)
