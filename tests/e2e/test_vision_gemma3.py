@@ -46,11 +46,15 @@ def reference(server):
     ).eval()
     processor = transformers.AutoProcessor.from_pretrained(model_dir, use_fast=False)
     image = Image.open(io.BytesIO(png_bytes(*IMAGE)))
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    chat = processor.apply_chat_template(messages, add_generation_prompt=True)
+    content = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+    chat = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True
+    )
+    images = [[image]]
     texts = {  # the chat template holds <bos>; /generate's tokenizer adds it
-        "chat": processor(text=chat, images=[[image]], add_special_tokens=False, return_tensors="pt"),
-        "generate": processor(text="<start_of_image>caption en", images=[[image]], return_tensors="pt"),
+        "chat": processor(text=chat, images=images, add_special_tokens=False, return_tensors="pt"),
+        "generate": processor(text="<start_of_image>caption en", images=images,
+                              return_tensors="pt"),
         "text": processor(text="The quick brown fox", return_tensors="pt"),
     }  # fmt: skip
     eos = processor.tokenizer.convert_tokens_to_ids("<eos>")

@@ -101,7 +101,8 @@ def test_mixed_batch_text_chunked_around_whole_images(setup):
     try:
         outs = check(llm, hf, batch)
         assert llm.core.executor.worker.runner.multimodal.cache.num_encoded == 4
-        spans = {o.request_id: [(p.offset, p.end) for p in b[1]] for o, b in zip(outs, batch)}
+        spans = {o.request_id: [(p.offset, p.end) for p in b[1]]
+                 for o, b in zip(outs, batch, strict=True)}  # fmt: skip
         for rid, start, n in steps:
             for lo, hi in spans[rid]:  # an image never cut, neither at a step's start nor end
                 assert not (lo < start < hi or lo < start + n < hi)

@@ -143,5 +143,7 @@ def test_a_backend_without_bidirectional_prompts_refuses_it(family_setup, monkey
 
     model_dir, _, _ = family_setup("paligemma")
     monkeypatch.setattr(CpuAttentionBackend, "supports_bidirectional_spans", False)
-    with pytest.raises(ModelLoadError, match="bidirectional attention over its prompt is not implemented"):
+    with pytest.raises(
+        ModelLoadError, match="bidirectional attention over its prompt is not implemented"
+    ):
         LLM(str(model_dir), block_size=4, num_blocks=64)
