@@ -277,9 +277,10 @@ class CacheInfo:
     # a model mixing windowed and full layers: (window, num_blocks) per KV group, the full group
     # first (`num_blocks` is its count); empty: one group of `num_blocks` with `sliding_window`
     kv_groups: tuple[tuple[int | None, int], ...] = ()
-    # the model attends bidirectionally over each prompt (PaliGemma's prefix-LM): the scheduler
-    # runs a prompt whole in one step and takes no prefix hit inside it
-    bidirectional_prompt: bool = False
+    # the model's bidirectional spans (messages/bidirectional.py: "prompt" for PaliGemma's
+    # prefix-LM, "images" for Gemma 3), None: causal; the scheduler runs each span whole in one
+    # step and takes no prefix hit that ends inside one
+    bidirectional: str | None = None
     warmup_s: float = 0.0
     vocab_size: int = 0  # the model's logits width (token masks cover it)
     supports_grammar: bool = False  # the engine applies grammars (SamplingParams.grammar)

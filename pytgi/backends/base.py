@@ -67,10 +67,10 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token
     block_size: int
     num_decode_rows: int
-    # [R] int64 host, or None (all 0): row i's first bidirectional_lens[i] positions attend to
-    # each other both ways (a model's bidirectional prompt, PaliGemma's prefix-LM); such a row
-    # starts at position 0 and holds at least that many queries (the scheduler's invariant)
-    bidirectional_lens: torch.Tensor | None = None
+    # per row, its bidirectional spans ([start, end) positions whose tokens attend to each other
+    # both ways: PaliGemma's prompt, Gemma 3's images), or None when no row has one; every span
+    # lies wholly inside its row's queries (the scheduler's invariant, messages/bidirectional.py)
+    bidirectional_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
     # KV groups 1.. (kv_group_windows: a model mixing windowed and full layers): each group's
     # (block_table [R, W_g] host, slot_mapping [T] on the device) over its own cache blocks;
     # `block_table` and `slot_mapping` above are group 0's
@@ -230,8 +230,8 @@ class AttentionMetadataBuilder(ABC):
 
 class AttentionBackend(ABC):
     name: str
-    # honours AttentionBatch.bidirectional_lens (a model that needs it is refused otherwise)
-    supports_bidirectional_prompt: bool = False
+    # honours AttentionBatch.bidirectional_spans (a model that needs it is refused otherwise)
+    supports_bidirectional_spans: bool = False
     # reads each layer's KV group's block table (AttentionBatch.group): a model mixing windowed
     # and full layers then gets one group per window; else one group, where no block is freed
     supports_kv_groups: bool = False

@@ -48,7 +48,7 @@ class EngineCore:
             cache_info.block_size,
             config.cache.enable_prefix_caching,
             cache_info.sliding_window,
-            cache_info.bidirectional_prompt,
+            cache_info.bidirectional,
             cache_info.kv_groups or None,
         )
         self.scheduler = Scheduler(config.scheduler, kv, grammar)

@@ -24,12 +24,15 @@ from the sequence's start in every group, so once an early block of any group is
 past it matches and the prompt is recomputed from there. A hit's windowed-group blocks below its
 window are not taken (placeholders): only the blocks its first query can read are revived.
 
-Bidirectional prompts (`bidirectional_prompt`, PaliGemma's prefix-LM): every prompt token's K/V
-depends on the whole prompt, so a block inside the prompt is only reusable by a sequence with the
-same whole prompt. A hit is therefore taken only when it covers the prompt entirely (the chain of
-hashes then proves every prompt token equal), and the chain starts from the prompt's length, so
-prompts of different lengths never share a block; a shorter hit is dropped and the prompt is
-computed whole (in practice: a preempted request re-hitting its own prompt and output).
+Bidirectional spans (`bidirectional`, messages/bidirectional.py): a span's tokens see each
+other both ways, so their K/V are right only when the whole span ran in one step. A hit never
+ends inside a span: it is cut back to the block boundary before the span (repeatedly, when that
+boundary falls inside an earlier span). With the "prompt" mode (PaliGemma's prefix-LM) every
+prompt token's K/V depends on the whole prompt, so the chain also starts from the prompt's
+length: prompts of different lengths never share a block, and a hit covering the prompt (in
+practice a preempted request re-hitting its own prompt and output) proves every prompt token
+equal. With "images" (Gemma 3) a block holding image tokens is keyed by the image's content hash
+already, and an image's K/V depend only on its own tokens and those before it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 
 from pytgi.engine.block_pool import Block, BlockHash, BlockPool, hash_block
 from pytgi.engine.request import Request
+from pytgi.messages.bidirectional import PROMPT, span_around, spans_of
 from pytgi.utils.math import cdiv
 
 NULL_BLOCK = Block(block_id=0)  # a freed out-of-window position: never read, never freed
@@ -70,7 +74,7 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
-        bidirectional_prompt: bool = False,
+        bidirectional: str | None = None,
         groups: Sequence[tuple[int | None, int]] | None = None,
     ):
         """One group of `num_blocks` blocks with `sliding_window`, or `groups`: (window,
@@ -80,7 +84,7 @@ class KVCacheManager:
         self.groups = [_Group(w, BlockPool(n, enable_prefix_caching)) for w, n in groups]
         # every layer's window (None: some layer attends to the whole sequence)
         self.sliding_window = groups[0][0] if len(groups) == 1 else None
-        self.bidirectional_prompt = bidirectional_prompt
+        self.bidirectional = bidirectional
         self.enable_prefix_caching = enable_prefix_caching
         self._hashes: dict[str, list[BlockHash]] = {}  # of the request's full blocks, in order
         self._num_published: dict[str, int] = {}  # leading blocks already in the prefix cache
@@ -126,8 +130,8 @@ class KVCacheManager:
                 run.append(block)
             runs.append(run)
         num_hit = min(len(run) for run in runs)
-        if self.bidirectional_prompt and num_hit * self.block_size < request.num_prompt_tokens:
-            num_hit = 0  # its K/V saw prompt tokens the hit does not prove equal
+        if self.bidirectional:  # a hit never ends inside a span (nor a prompt, for PaliGemma)
+            num_hit = self._outside_spans(request, num_hit * self.block_size) // self.block_size
         self.num_queried_tokens += request.num_prompt_tokens
         self.num_hit_tokens += num_hit * self.block_size
         if num_hit == 0:
@@ -138,6 +142,16 @@ class KVCacheManager:
             num_dead = self._num_out_of_window(group, num_hit * self.block_size)
             blocks.append([NULL_BLOCK] * num_dead + run[num_dead:])
         return PrefixHit(num_hit, blocks)
+
+    def spans(self, request: Request):
+        return spans_of(self.bidirectional, request.num_prompt_tokens, request.multimodal_inputs)
+
+    def _outside_spans(self, request: Request, num_tokens: int) -> int:
+        """The largest block boundary <= num_tokens that cuts no bidirectional span."""
+        spans = self.spans(request)
+        while (span := span_around(spans, num_tokens)) is not None:
+            num_tokens = span[0] // self.block_size * self.block_size
+        return num_tokens
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached: PrefixHit | None = None
@@ -226,7 +240,7 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             # a LoRA adapter (or an input every token depends on) changes every layer's K/V: the
             # first block chains from it
-            parent = hashes[-1] if hashes else _root(request, self.bidirectional_prompt)
+            parent = hashes[-1] if hashes else _root(request, self.bidirectional == PROMPT)
             tokens = tuple(request.token_ids(i * bs, (i + 1) * bs))
             images = _images_in(request, i * bs, (i + 1) * bs)
             hashes.append(hash_block(parent, tokens + images if images else tokens))

@@ -18,9 +18,10 @@ step loop, `GrammarManager`), then joins `waiting`; one whose grammar fails is f
 grammar error before any token. Its drafts are cut to what its grammar accepts, its sampled rows
 get token masks, and every token appended advances its matcher.
 
-A model that attends bidirectionally over each prompt (PaliGemma) gets its prompts whole: a
-request is admitted only with its whole prompt in the step (`_whole_prompt_left`; past the budget
-only when nothing else runs in the step), so the workers see such a prompt as one fresh row.
+A model with bidirectional spans (messages/bidirectional.py: PaliGemma's whole prompt, Gemma 3's
+images) gets each span whole: a chunk that would end inside a span ends before it, or, when the
+chunk starts at the span, runs to its end (`_fit_spans`; past the budget only when nothing else
+runs in the step), so no row of the workers ever starts or ends inside a span.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pytgi.engine.kv_cache_manager import KVCacheManager
 from pytgi.engine.request import Request, RequestStatus
 from pytgi.engine.speculation import NgramProposer
 from pytgi.engine.stopping import check_stop, make_delta
+from pytgi.messages.bidirectional import span_around
 from pytgi.messages.outputs import (
     ErrorKind,
     ModelOutput,
@@ -117,13 +119,16 @@ class Scheduler:
         output = SchedulerOutput(requests=[])
         num_preemptions = self.num_preemptions
         for request in list(self.running):
-            if budget == 0:
+            if budget <= 0:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._fit_spans(request, request.num_computed_tokens, num_new, budget)
+            if num_new == 0:
+                continue  # its next span waits for a step with room
             reaches_end = request.num_computed_tokens + num_new == request.num_tokens
-            drafts = request.draft_ids[: budget - num_new] if reaches_end else []
+            drafts = request.draft_ids[: max(0, budget - num_new)] if reaches_end else []
             if not self._allocate_or_preempt(request, num_new + len(drafts)):
                 continue
             self._add(output, request, num_new, drafts)
@@ -175,17 +180,12 @@ class Scheduler:
             )
             num_cached = len(cached) * self.kv.block_size if cached else 0
             num_new = request.num_tokens - request.num_computed_tokens - num_cached
-            whole = self._whole_prompt_left(request, num_cached)
-            if whole:
-                # over the budget only alone in the step (a prompt longer than the budget)
-                alone = budget == self.config.max_batch_prefill_tokens
-                if whole > budget and not alone:
-                    break
-                num_new = max(min(num_new, budget), whole)
-            elif num_new > budget and not self.config.enable_chunked_prefill:
+            if num_new > budget and not self.config.enable_chunked_prefill:
                 break
-            else:
-                num_new = min(num_new, budget)
+            start = request.num_computed_tokens + num_cached
+            num_new = self._fit_spans(request, start, min(num_new, budget), budget)
+            if num_new == 0:
+                break
             if not self.kv.allocate_slots(request, num_new, cached):
                 break
             self.waiting.popleft()
@@ -198,15 +198,21 @@ class Scheduler:
             self._add(output, request, num_new, [])
             budget -= num_new
 
-    def _whole_prompt_left(self, request: Request, num_cached: int) -> int:
-        """The prompt tokens that must run in this step: with bidirectional prompts (the KV
-        manager's `bidirectional_prompt`, PaliGemma's prefix-LM) a prompt is never chunked, so a
-        request whose prompt is not computed yet runs all of it in its first step (the manager
-        took no prefix hit inside it). 0: the request may be chunked as usual."""
-        computed = request.num_computed_tokens + num_cached
-        if not self.kv.bidirectional_prompt or computed >= request.num_prompt_tokens:
-            return 0
-        return request.num_prompt_tokens - computed
+    def _fit_spans(self, request: Request, start: int, num_new: int, budget: int) -> int:
+        """`num_new` tokens from `start` (never inside a bidirectional span), moved so the chunk
+        does not end inside one either: it stops before a span it would cut, or, starting at
+        that span, runs to its end: past the budget only alone in the step (nothing scheduled
+        yet: a span longer than the budget). 0: the chunk waits."""
+        if not self.kv.bidirectional:
+            return num_new
+        span = span_around(self.kv.spans(request), start + num_new)
+        if span is None:
+            return num_new
+        span_start, span_end = span
+        if span_start > start:
+            return span_start - start
+        alone = budget == self.config.max_batch_prefill_tokens
+        return span_end - start if span_end - start <= budget or alone else 0
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

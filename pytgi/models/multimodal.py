@@ -25,9 +25,10 @@ class MultimodalLM(CausalLM):
     # images reach the language model through cross-attention layers (Mllama), not merged
     # embeddings: the runner passes `forward(..., cross_attention=CrossAttentionBatch)` instead
     uses_cross_attention: bool = False
-    # every prompt token attends to every other prompt token, generated tokens causally
-    # (PaliGemma's prefix-LM): the scheduler runs prompts whole, the runner marks their rows
-    bidirectional_prompt: bool = False
+    # spans whose tokens attend to each other both ways (messages/bidirectional.py): "prompt"
+    # (PaliGemma's prefix-LM), "images" (Gemma 3: each image's tokens); None: causal. The
+    # scheduler runs each span whole, the runner marks the spans of each row
+    bidirectional: str | None = None
     position_offset: int = 0  # the rotary position of token index i is i + position_offset
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

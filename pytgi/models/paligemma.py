@@ -7,7 +7,7 @@ as projected.
 
 What differs from the other families:
 - prefix-LM attention: every prompt token (images and text) sees every other prompt token, the
-  generated ones attend causally (`bidirectional_prompt`: the scheduler runs a prompt whole in
+  generated ones attend causally (`bidirectional = PROMPT`: the scheduler runs a prompt whole in
   one step and takes no prefix hit inside it, the attention backend opens the prompt's mask);
 - rotary positions count from 1 (transformers' PaliGemma passes position_ids = index + 1);
 - Gemma 2 (PaliGemma 2) keeps its soft-caps and alternating windows (the windows only act past
@@ -30,6 +30,7 @@ from torch import nn
 from pytgi.errors import ModelLoadError
 from pytgi.layers.embedding import ParallelLMHead
 from pytgi.layers.quantization.base import QuantConfig
+from pytgi.messages.bidirectional import PROMPT
 from pytgi.messages.request import MultimodalInput
 from pytgi.models.config import OUTSIDE, DecoderSpec
 from pytgi.models.decoder import LLAMA_PACKED_MODULES, DecoderForCausalLM, DecoderModel
@@ -47,7 +48,7 @@ class PaliGemmaSpec(DecoderSpec):
 
 class PaliGemmaForConditionalGeneration(MultimodalLM):
     packed_modules_mapping = LLAMA_PACKED_MODULES
-    bidirectional_prompt = True
+    bidirectional = PROMPT
     position_offset = 1
     weight_renames = (
         (r"^language_model\.model\.", "model."),

@@ -74,6 +74,7 @@ _MODELS: dict[str, ModelEntry] = {
     "PaliGemmaForConditionalGeneration": ModelEntry(
         "paligemma", "PaliGemmaForConditionalGeneration"
     ),
+    "Gemma3ForConditionalGeneration": ModelEntry("gemma3_vlm", "Gemma3ForConditionalGeneration"),
     "Llama4ForConditionalGeneration": ModelEntry("llama4", "Llama4ForConditionalGeneration"),
     "MllamaForConditionalGeneration": ModelEntry("mllama", "MllamaForConditionalGeneration"),
 }

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pytgi.backends.base import AttentionBatch
+from pytgi.messages.bidirectional import spans_in, spans_of
 from pytgi.messages.outputs import SchedulerOutput
 from pytgi.sampling.metadata import SampleRow
 from pytgi.worker.request_states import RequestStates
@@ -101,8 +102,8 @@ class InputBuilder:
         self.block_size = block_size
         self.buffers = StagingBuffers(device or torch.device("cpu"))
         self.lora_slots: dict[str, int] = {}  # adapter id -> slot (set once adapters are loaded)
-        # the model attends bidirectionally over each prompt: a row from position 0 says how far
-        self.bidirectional_prompt = False
+        # the model's bidirectional spans mode (messages/bidirectional.py), None: causal
+        self.bidirectional: str | None = None
         self.num_kv_groups = 1  # KV groups (block tables per request), set with the caches
 
     def build(
@@ -155,7 +156,7 @@ class InputBuilder:
             slot_mapping=b.to_device("slot_mapping", num_tokens),
             block_size=bs,
             num_decode_rows=int((counts == 1).sum()),
-            bidirectional_lens=self._bidirectional_lens(row_states, starts),
+            bidirectional_spans=self._bidirectional_spans(row_states, starts, counts),
             group_tables=tuple(group_tables),
         )
         logits_indices, plan = self._plan(requests, states, flat_start)
@@ -181,14 +182,17 @@ class InputBuilder:
             table[i, : len(ids)] = ids
         return table
 
-    def _bidirectional_lens(self, row_states, starts: np.ndarray) -> torch.Tensor | None:
-        """[R]: a row from position 0 opens its prompt both ways; None: no such row. The scheduler
-        schedules a bidirectional prompt whole, so no row starts inside one."""
-        if not self.bidirectional_prompt or starts.all():
+    def _bidirectional_spans(self, row_states, starts: np.ndarray, counts: np.ndarray):
+        """Each row's bidirectional spans (those inside its scheduled tokens; the scheduler never
+        cuts one), None when no row has any."""
+        if self.bidirectional is None:
             return None
-        pairs = zip(row_states, starts.tolist(), strict=True)
-        lens = [s.num_prompt_tokens if start == 0 else 0 for s, start in pairs]
-        return torch.tensor(lens, dtype=torch.int64)
+        rows = tuple(
+            spans_in(spans_of(self.bidirectional, s.num_prompt_tokens, s.multimodal_inputs),
+                     start, start + n)
+            for s, start, n in zip(row_states, starts.tolist(), counts.tolist(), strict=True)
+        )  # fmt: skip
+        return rows if any(rows) else None
 
     def _adapter_slots(self, row_states, row_of_token: np.ndarray) -> torch.Tensor | None:
         """Each token's adapter slot [T]; an id no adapter has (never sent by the router for

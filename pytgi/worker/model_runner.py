@@ -181,13 +181,14 @@ class ModelRunner:
                 f"{self.spec.architecture} runs on one shard only (got --num-shard "
                 f"{self.tp.world_size})"
             )
-        if self.model.bidirectional_prompt:
-            if not self.attention.supports_bidirectional_prompt:
+        if self.model.bidirectional is not None:
+            if not self.attention.supports_bidirectional_spans:
                 raise ModelLoadError(
-                    f"{self.spec.architecture}'s bidirectional prompt attention (prefix-LM) is "
-                    f"not implemented by the {self.attention.name} attention backend"
+                    f"{self.spec.architecture}'s bidirectional attention over its "
+                    f"{self.model.bidirectional} is not implemented by the {self.attention.name} "
+                    "attention backend"
                 )
-            self.input_builder.bidirectional_prompt = True
+            self.input_builder.bidirectional = self.model.bidirectional
         self.accelerator = None
         if self.model.uses_cross_attention:
             from pytgi.worker.cross_attention import CrossAttentionStep
@@ -231,7 +232,9 @@ class ModelRunner:
     def _window_blocks(self, window: int) -> int:
         scheduler = self.config.scheduler
         step_tokens = scheduler.max_batch_prefill_tokens
-        if self.bidirectional_prompt:  # a prompt runs whole in one step, past the budget if long
+        if (
+            self.bidirectional is not None
+        ):  # a prompt runs whole in one step, past the budget if long
             max_len = self.config.model.max_model_len or self.spec.max_position_embeddings
             step_tokens = max(step_tokens, max_len)
         return window_group_blocks(
@@ -243,8 +246,8 @@ class ModelRunner:
         )
 
     @property
-    def bidirectional_prompt(self) -> bool:
-        return self.input_builder.bidirectional_prompt
+    def bidirectional(self) -> str | None:
+        return self.input_builder.bidirectional
 
     @property
     def bytes_per_block(self) -> int:
@@ -290,7 +293,12 @@ class ModelRunner:
         )
         self.allocate_kv_cache(num_blocks)
         self.states.update(output)
-        inputs, plan = self.input_builder.build(output, self.states)
+        # the dummy decode rows end their prompts mid-way, which bidirectional spans never allow
+        bidirectional, self.input_builder.bidirectional = self.input_builder.bidirectional, None
+        try:
+            inputs, plan = self.input_builder.build(output, self.states)
+        finally:
+            self.input_builder.bidirectional = bidirectional
         logits, _ = self.execute_inputs(inputs)
         if self.sampler is not None:
             self.sampler(logits.float(), plan.sample_rows)

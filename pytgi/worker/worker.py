@@ -123,7 +123,7 @@ class Worker:
             kv_bytes_per_token=self.runner.bytes_per_block // block_size,
             sliding_window=self.runner.sliding_window,
             kv_groups=self._kv_groups(),
-            bidirectional_prompt=self.runner.bidirectional_prompt,
+            bidirectional=self.runner.bidirectional,
             warmup_s=warmup_s,
             vocab_size=self.runner.spec.vocab_size,
             lora_adapters=tuple(self.runner.input_builder.lora_slots),

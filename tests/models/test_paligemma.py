@@ -142,6 +142,8 @@ def test_a_backend_without_bidirectional_prompts_refuses_it(family_setup, monkey
     from pytgi.errors import ModelLoadError
 
     model_dir, _, _ = family_setup("paligemma")
-    monkeypatch.setattr(CpuAttentionBackend, "supports_bidirectional_prompt", False)
-    with pytest.raises(ModelLoadError, match="bidirectional prompt attention .prefix-LM. is not"):
+    monkeypatch.setattr(CpuAttentionBackend, "supports_bidirectional_spans", False)
+    with pytest.raises(
+        ModelLoadError, match="bidirectional attention over its prompt is not implemented"
+    ):
         LLM(str(model_dir), block_size=4, num_blocks=64)

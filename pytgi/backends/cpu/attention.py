@@ -21,8 +21,10 @@ window value among the layers, shared by all layers:
   flash-style kernel `prefill_attention` (causal, window, GQA; head_dim % 16 == 0), else SDPA with
   is_causal (or the window mask); with the kernel, other prefill rows use its paged twin
   `prefill_attention_paged`, which reads the cached blocks in place;
-- a bidirectional prompt (`AttentionBatch.bidirectional_lens`, PaliGemma): always a fresh row,
-  its own K/V with the prefix-LM mask, on the torch path (the kernels are causal);
+- a row with bidirectional spans (`AttentionBatch.bidirectional_spans`: PaliGemma's prompt,
+  Gemma 3's images): the torch path (the kernels are causal) with the mask
+  (causal & window) | same-span, as transformers ORs its token-type mask over the (sliding)
+  causal one; its own K/V for a fresh row, else the cached keys as for other prefill rows;
 - other prefill rows (chunked prefill, prefix-cache hits) without the kernel: whole blocks
   gathered from the cache, sliced to the visible keys, and an explicit bottom-right causal (and
   window) mask [q, kv] for SDPA.
@@ -107,7 +109,7 @@ class PrefillRow:
     mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
     position: int = 0  # the position of the row's first query
     block_table: torch.Tensor | None = None  # [W] int64, the row's whole table (cached keys)
-    bidirectional: bool = False  # a fresh row whose mask opens its prompt both ways (torch path)
+    bidirectional: bool = False  # its mask opens bidirectional spans (torch path only)
     # chunked attention: the first key every query of the row sees (its chunk's start), when
     # that is a cached key (the compiled path then runs the queries as decode rows)
     chunk_start: int | None = None
@@ -186,8 +188,8 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         gathers = {}
         for view in views.values():
             groups = [view.decode.blocks] if view.decode and view.decode.blocks is not None else []
-            if self.torch_prefill:
-                groups += [row.blocks for row in view.prefills if row.blocks is not None]
+            groups += [row.blocks for row in view.prefills if row.blocks is not None
+                       and (self.torch_prefill or row.bidirectional)]  # fmt: skip
             for blocks in groups:
                 for kvh in self.kv_heads:
                     gathers[(id(blocks), kvh)] = self._gather_index(blocks, kvh, view.num_blocks)
@@ -234,17 +236,13 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             return self._chunked_prefills(batch, chunk)
         bs = batch.block_size
         starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
-        lens = batch.bidirectional_lens
-        bidirectional = lens.tolist() if lens is not None else [0] * batch.num_rows
+        spans = batch.bidirectional_spans or ((),) * batch.num_rows
         rows = []
         for i in range(batch.num_decode_rows, batch.num_rows):
             start, num_q = starts[i], starts[i + 1] - starts[i]
             end_pos = seq_lens[i]
             start_pos = end_pos - num_q
-            if bidirectional[i]:
-                rows.append(_bidirectional_row(start, num_q, bidirectional[i], window))
-                continue
-            if start_pos == 0 and (window is None or num_q <= window):
+            if start_pos == 0 and not spans[i] and (window is None or num_q <= window):
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
                 continue
             first = 0 if window is None else max(0, start_pos - window + 1)
@@ -253,8 +251,12 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             mask = key_pos <= query_pos  # [q, S]
             if window is not None:
                 mask &= query_pos - key_pos < window
-            if start_pos == 0:  # a fresh prompt longer than the window: its own K/V, masked
-                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask))
+            for lo, hi in spans[i]:  # opened both ways over each span (inside the row's queries)
+                mask[lo - start_pos : hi - start_pos, lo - first : hi - first] = True
+            bidirectional = bool(spans[i])
+            if start_pos == 0:  # its own K/V, masked (longer than the window, or spans)
+                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask,
+                                       bidirectional=bidirectional))  # fmt: skip
                 continue
             first_block = first // bs
             table = batch.block_table[i, : cdiv(end_pos, bs)]  # [W]
@@ -268,6 +270,7 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
                     mask,
                     start_pos,
                     table,
+                    bidirectional=bidirectional,
                 )
             )
         return rows
@@ -325,19 +328,6 @@ def _first_visible(seq_lens: torch.Tensor, window: int | None, chunk: int | None
     if window:
         return (seq_lens - window).clamp(min=0)
     return torch.zeros_like(seq_lens)
-
-
-def _bidirectional_row(start: int, num_q: int, prefix: int, window: int | None) -> PrefillRow:
-    """A fresh row (positions 0 .. num_q - 1, its own K/V) whose first `prefix` positions see
-    each other both ways: key k is visible to query q when k <= q or k < prefix (transformers'
-    PaliGemma mask); a window only limits the keys before the query."""
-    assert num_q >= prefix, "a bidirectional prompt is scheduled whole, from position 0"
-    keys = torch.arange(num_q)  # [q]
-    queries = keys.unsqueeze(1)  # [q, 1]
-    mask = (keys <= queries) | (keys < prefix)  # [q, q]
-    if window is not None:
-        mask &= queries - keys < window
-    return PrefillRow(start, start + num_q, None, 0, num_q, mask, bidirectional=True)
 
 
 class CpuAttentionImpl(AttentionImpl):
@@ -416,7 +406,7 @@ class CpuAttentionImpl(AttentionImpl):
 
     def _prefill(self, q, k, v, kv_cache, metadata, row: PrefillRow, ops) -> torch.Tensor:
         rows = slice(row.start, row.end)
-        if ops is not None and row.block_table is not None:
+        if ops is not None and row.block_table is not None and not row.bidirectional:
             # the paged prefill kernel starts its keys at 0 or a window, never a chunk's start
             if row.end - row.start <= DECODE_LIKE_ROWS or row.chunk_start is not None:
                 return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
@@ -513,7 +503,7 @@ def _causal(n: int) -> torch.Tensor:
 
 class CpuAttentionBackend(AttentionBackend):
     name = "cpu-paged"
-    supports_bidirectional_prompt = True
+    supports_bidirectional_spans = True
     supports_kv_groups = True
 
     def __init__(self, kernels=None):

@@ -201,6 +201,35 @@ class PaliGemmaProcessing(FamilyProcessor):
         return text[:at] + self.bos_token + text[at:] + "\n"
 
 
+class Gemma3Processing(FamilyProcessor):
+    """Gemma 3: every image resized to the tower's one size and `mm_tokens_per_image`
+    <image_soft_token> tokens, laid out as Gemma3Processor expands its <start_of_image>:
+    "\n\n<start_of_image>" + tokens + "<end_of_image>\n\n". Pan-and-scan crops are not made
+    (the processor's default; a checkpoint that turns them on is refused)."""
+
+    image_token = "<image_soft_token>"
+    boi_token = "<start_of_image>"
+    eoi_token = "<end_of_image>"
+
+    def __init__(self, image_processor, hf_config, token_to_id):
+        super().__init__(image_processor, hf_config, token_to_id)
+        for token in (self.boi_token, self.eoi_token):
+            if token_to_id(token) is None:
+                raise ModelLoadError(f"the tokenizer has no {token!r} token")
+        if getattr(image_processor, "do_pan_and_scan", False):
+            raise ModelLoadError("Gemma 3 with pan-and-scan image crops is not supported")
+        self.image_seq_len = int(hf_config.mm_tokens_per_image)
+
+    def process(self, image) -> ProcessorOutput:
+        out = self.image_processor(
+            images=[image], return_tensors="np", input_data_format="channels_last"
+        )
+        pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)  # [1, 3, S, S]
+        n = self.image_seq_len
+        text = f"\n\n{self.boi_token}{self.image_token * n}{self.eoi_token}\n\n"
+        return ProcessorOutput([{"pixel_values": pixels}], [n], text)
+
+
 class Idefics2Processing(FamilyProcessor):
     """Idefics 2: the image resized (shortest / longest edge) and, with `do_image_splitting`,
     split into its four quarters plus the whole image; each of those is a run of
@@ -299,6 +328,7 @@ PROCESSORS: dict[str, type[FamilyProcessor]] = {
     "idefics3": Idefics3Processing,
     "llava_next": LlavaNextProcessing,
     "paligemma": PaliGemmaProcessing,
+    "gemma3": Gemma3Processing,
     "llama4": Llama4Processing,
     "mllama": MllamaProcessing,
 }
