@@ -397,7 +397,8 @@ def run_pytgi(model_dir: Path, family: str, plan: Plan, seed: int, out: Path,
             times = []
             for r in range(plan.ttft_repeats):
                 png = image_png(family, seed + 100 + r) if with_image else None
-                text = PROMPTS[0] if with_image else text_of_same_length
+                # a distinct first word each time: a text prompt never hits the prefix cache
+                text = PROMPTS[0] if with_image else f"Case {seed + r}. " + text_of_same_length
                 times.append(server.chat(chat_messages(text, png), 1)[0])
             return {"ttft_s": sorted(times)[len(times) // 2], "all_s": times}
 
@@ -408,7 +409,7 @@ def run_pytgi(model_dir: Path, family: str, plan: Plan, seed: int, out: Path,
         text_of_same_length = PROMPTS[0] + " " + " ".join(["word"] * words)
         res["prompt_tokens_image"] = n_image
         res["prompt_tokens_text"] = server.prompt_tokens(
-            chat_messages(text_of_same_length, None)
+            chat_messages(f"Case {seed}. " + text_of_same_length, None)
         )
         res["ttft_image"] = measured(ttft, True)
         res["ttft_text"] = measured(ttft, False)
