@@ -80,7 +80,7 @@ class Plan:
 
 PLANS = {
     "full": Plan(rounds=2, ttft_repeats=5, mixed_repeats=2, new_tokens=NEW_TOKENS),
-    "quick": Plan(rounds=1, ttft_repeats=3, mixed_repeats=1, new_tokens=NEW_TOKENS),
+    "quick": Plan(rounds=1, ttft_repeats=2, mixed_repeats=1, new_tokens=NEW_TOKENS),
     "smoke": Plan(rounds=1, ttft_repeats=1, mixed_repeats=1, new_tokens=4),
 }
 
