@@ -64,7 +64,7 @@ def test_descriptions():
          "does not run quantized checkpoints \\(gptq\\)"),
         ({"architectures": ["BartForCausalLM"], "is_encoder_decoder": True}, {},
          "decoder-only models"),
-        ({"architectures": ["Gemma3ForConditionalGeneration"], "vision_config": {}}, {},
+        ({"architectures": ["Gemma3nForConditionalGeneration"], "vision_config": {}}, {},
          "text-only models \\(config.json has vision_config\\)"),
         ({"architectures": ["Lfm2ForCausalLM"], "layer_types": ["conv", "full_attention"]}, {},
          "every layer is attention.*layer_types has conv"),
