@@ -409,7 +409,7 @@ def run_pytgi(model_dir: Path, family: str, plan: Plan, seed: int, out: Path,
         text_of_same_length = PROMPTS[0] + " " + " ".join(["word"] * words)
         res["prompt_tokens_image"] = n_image
         res["prompt_tokens_text"] = server.prompt_tokens(
-            chat_messages(f"Case {seed}. " + text_of_same_length, None)
+            chat_messages(f"Probe {seed}. " + text_of_same_length, None)
         )
         res["ttft_image"] = measured(ttft, True)
         res["ttft_text"] = measured(ttft, False)
