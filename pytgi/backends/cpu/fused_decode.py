@@ -8,6 +8,12 @@ stack then checks the model's spec against what the kernel implements: every spe
 a role, every size the kernel takes is one it reads, and every feature is either at its (Llama)
 default or listed in `SUPPORTED_FEATURES`. Anything else keeps the model on the layer-by-layer
 path, with a log line saying why.
+
+Mixture-of-experts layers run in the stack (csrc/moe_stack.h) when their routing rule is one the
+kernel computes (`moe_unsupported`: softmax top-k, renormalised or not, with or without a gated
+shared expert: Mixtral, Qwen2-MoE, Qwen3-MoE) and their experts are fp32 tiles; quantized experts
+and the other rules (DeepSeek's grouped / sigmoid routing, PhiMoE's sparsemixer, Llama 4's sigmoid
+top-1, DBRX's p-norm) keep the model layer by layer.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import torch
 
 from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+from pytgi.layers.moe.config import SOFTMAX_TOPK, MoEConfig
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +67,42 @@ SUPPORTED_FEATURES: dict[str, Callable[[Any], bool]] = {
     "o_bias": _any,
     "mlp_bias": _any,
     "qk_norm": _any,
+    "moe": lambda moe: not moe_unsupported(moe),
 }
 
 # the kernel's encodings of `hidden_act` and of `DecoderSpec.block` (models/config.py BLOCKS)
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu_fast": 2}
 BLOCKS = ("sequential", "parallel", "parallel_two_norms", "sandwich")
+
+
+def moe_unsupported(moe: MoEConfig) -> list[str]:
+    """What in an MoE config the stack's MoE MLP (csrc/moe_stack.h) does not compute."""
+    reasons = []
+    if moe.router != SOFTMAX_TOPK:
+        reasons.append(f"router {moe.router}")
+    if moe.renormalize and moe.renormalize_p != 1.0:
+        reasons.append(f"p-norm renormalisation (p={moe.renormalize_p})")
+    if moe.scaling_factor != 1.0:
+        reasons.append(f"routed scaling factor {moe.scaling_factor}")
+    if moe.scale_input:
+        reasons.append("expert inputs scaled by the router weight")
+    if moe.hidden_act not in ACTIVATIONS:
+        reasons.append(f"expert activation {moe.hidden_act}")
+    return reasons
+
+
+def moe_config(moe: MoEConfig) -> torch.Tensor:
+    """The kernel's `moe.config`: int64 [experts, top_k, intermediate, renormalize, activation,
+    shared_intermediate]."""
+    values = (
+        moe.num_experts,
+        moe.top_k,
+        moe.intermediate_size,
+        int(moe.renormalize),
+        ACTIVATIONS[moe.hidden_act],
+        moe.shared_intermediate_size,
+    )
+    return torch.tensor(values, dtype=torch.int64)
 
 
 def unsupported_features(spec) -> list[str]:
@@ -80,7 +118,10 @@ def unsupported_features(spec) -> list[str]:
         elif role == "feature":
             supported = SUPPORTED_FEATURES.get(f.name)
             if value != f.default and (supported is None or not supported(value)):
-                reasons.append(f"{f.name}={value!r}")
+                if f.name == "moe":
+                    reasons.append(f"moe ({', '.join(moe_unsupported(value))})")
+                else:
+                    reasons.append(f"{f.name}={value!r}")
         else:
             reasons.append(f"{f.name} (no accelerator role declared)")
     return reasons
@@ -104,18 +145,24 @@ class FusedDecodeStack(DecodeAccelerator):
     def for_model(
         cls, model: torch.nn.Module, kernels, quant_isa: str = "auto"
     ) -> FusedDecodeStack | None:
-        layers = model.fused_decode_layers()
-        if layers is None:
-            logger.info(
-                "fused decode stack off: a layer's weights are in no layout it runs (fp32 tiles, "
-                "or quantized codes with int8 activations)"
-            )
-            return None
         spec = model.spec
         reasons = unsupported_features(spec)
         if reasons:
             logger.info("fused decode stack off for %s: %s", spec.architecture, ", ".join(reasons))
             return None
+        layers = model.fused_decode_layers()
+        if layers is None:
+            logger.info(
+                "fused decode stack off: a layer's weights are in no layout it runs (fp32 tiles, "
+                "or quantized codes with int8 activations; MoE experts: fp32 tiles only)"
+            )
+            return None
+        if spec.moe is not None:  # the MoE layers' rule, for the kernel
+            config = moe_config(spec.moe)
+            layers = [
+                (name, tensors | {"moe.config": config} if "moe.gate_up" in tensors else tensors)
+                for name, tensors in layers
+            ]
         stack = kernels.DecodeStack(
             hidden_size=spec.hidden_size,
             num_heads=spec.num_heads,

@@ -50,6 +50,7 @@ HEADERS = [
     CSRC / "quant_ops.h",
     CSRC / "quant_avx2.h",
     CSRC / "quant_i8_passes.h",
+    CSRC / "moe_stack.h",
 ]
 MODULE_NAME = "pytgi_cpu_ops"
 # how a build directory's sources are laid out (copied into it, `_staged_sources`): part of its

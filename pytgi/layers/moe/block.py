@@ -14,11 +14,13 @@ from torch import nn
 
 from pytgi.errors import ModelLoadError
 from pytgi.layers.activation import get_activation
+from pytgi.layers.build_context import current_build_context
 from pytgi.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from pytgi.layers.moe.config import MoEConfig
 from pytgi.layers.moe.experts import FusedExperts, QuantizedExperts
 from pytgi.layers.moe.router import select_experts
 from pytgi.layers.quantization.base import QuantConfig
+from pytgi.layers.quantization.unquantized import pack_column_tiles
 
 
 def experts_quantized(quant_config: QuantConfig | None) -> bool:
@@ -30,10 +32,14 @@ def experts_quantized(quant_config: QuantConfig | None) -> bool:
 
 class RouterGate(nn.Module):
     """logits = x @ weight^T, in fp32 (the routers' precision), plus the optional selection
-    bias."""
+    bias. With the compiled CPU kernels the product runs on the weight packed as 16-column tiles
+    (`weight_packed`, made after loading): the row-invariant kernel the fused decode stack runs
+    too, so a row's routing does not depend on the other rows of its step."""
 
     def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool):
         super().__init__()
+        self.kernels = current_build_context().kernels
+        self.weight_packed = None  # [ceil(E/16), hidden, 16], once loaded
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
         self.e_score_correction_bias = None
         if correction_bias:
@@ -41,8 +47,15 @@ class RouterGate(nn.Module):
                 torch.empty(num_experts, dtype=torch.float32), requires_grad=False
             )
 
+    def process_weights_after_loading(self) -> None:
+        if self.kernels is not None and self.weight.device.type == "cpu":
+            self.weight_packed = pack_column_tiles(self.weight.data.float())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.float() @ self.weight.float().t()  # [T, E]
+        if self.weight_packed is None:
+            return x.float() @ self.weight.float().t()  # [T, E]
+        logits = self.kernels.linear_packed(x.float().contiguous(), self.weight_packed)
+        return logits[:, : self.weight.shape[0]]  # [T, E]
 
 
 class SharedExpert(nn.Module):
@@ -121,6 +134,30 @@ class SparseMoeBlock(nn.Module):
             out = out + shared
         return out
 
-    def fused_decode_tensors(self) -> None:
-        """The fused decode stack runs dense MLPs only: MoE layers run layer by layer."""
-        return None
+    def fused_decode_tensors(self) -> dict[str, torch.Tensor] | None:
+        """The block as the fused CPU decode stack takes it (csrc/moe_stack.h): `moe.router`
+        (the gate [E, hidden] as 16-column tiles), the packed experts (`moe.gate_up`,
+        `moe.down`) and the shared expert's packed `moe.shared_gate_up`, `moe.shared_down` and
+        `moe.shared_gate`; None when a weight is not fp32 tiles (quantized experts, no kernels,
+        tensor parallelism). Which routing rules the stack computes is the accelerator's check
+        (`DecoderSpec.moe`); it adds `moe.config`."""
+        tensors = getattr(self.experts, "fused_decode_tensors", lambda: None)()
+        if tensors is None:
+            return None
+        if self.gate.weight_packed is None:
+            return None
+        tensors = tensors | {"moe.router": self.gate.weight_packed}
+        if self.shared_experts is None:
+            return tensors
+        linears = [
+            (self.shared_experts.gate_up_proj, "moe.shared_gate_up"),
+            (self.shared_experts.down_proj, "moe.shared_down"),
+        ]
+        if self.shared_expert_gate is not None:
+            linears.append((self.shared_expert_gate, "moe.shared_gate"))
+        for linear, name in linears:
+            packed = linear.quant_method.fused_decode_tensors(linear, name)
+            if packed is None or linear.tp.world_size != 1 or set(packed) != {name}:
+                return None  # quantized, sharded, or with a bias the kernel does not add
+            tensors |= packed
+        return tensors

@@ -10,7 +10,12 @@ None.
 
 Execution: the T * k (token, expert) pairs are sorted by expert, so each active expert runs one
 matmul over its contiguous rows (no per-token Python loop), and the weighted rows are summed
-back into their tokens with one `index_add_`. Only the active experts' weights are read.
+back into their tokens with one `index_add_` (a token's experts in ascending id). Only the active
+experts' weights are read. With the compiled CPU kernels and fp32 weights, each expert's matrices
+are packed after loading as 16-column tiles (`w13_packed` [E, ceil(2I/16), hidden, 16],
+`w2_packed` [E, ceil(hidden/16), I, 16], replacing the stacked tensors) and run on the dense
+layers' row-invariant packed GEMM; the fused CPU decode stack reads the same tiles
+(`fused_decode_tensors`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pytgi.layers.linear import (
     load_part,
 )
 from pytgi.layers.quantization.base import QuantConfig, set_weight_attrs
+from pytgi.layers.quantization.unquantized import pack_column_tiles
 
 GATE, UP, DOWN = "w1", "w3", "w2"
 DOWN_TRANSPOSED = "w2_t"  # a stacked down projection stored [E * I, hidden] (DBRX)
@@ -62,8 +68,9 @@ def combine(x, out, weights, tokens, order) -> torch.Tensor:
 class FusedExperts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, act: str):
         super().__init__()
-        self.tp = current_build_context().tp
-        self.num_experts = num_experts
+        context = current_build_context()
+        self.tp, self.kernels = context.tp, context.kernels
+        self.num_experts, self.hidden_size = num_experts, hidden_size
         self.intermediate = divide(
             intermediate_size, self.tp.world_size, "expert intermediate size"
         )
@@ -79,6 +86,35 @@ class FusedExperts(nn.Module):
         for param in (self.w13_weight, self.w2_weight):
             set_weight_attrs(param, weight_loader=self.weight_loader)
         self.act_fn = get_activation(act, gated=True)
+        self.w13_packed = self.w2_packed = None  # the packed tiles, once loaded (see above)
+
+    def process_weights_after_loading(self) -> None:
+        weight = self.w13_weight
+        if self.w13_packed is not None or self.kernels is None:
+            return
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return
+        self.w13_packed = torch.stack([pack_column_tiles(w) for w in weight.data])
+        self.w2_packed = torch.stack([pack_column_tiles(w) for w in self.w2_weight.data])
+        for param in (self.w13_weight, self.w2_weight):  # the tiles hold them now
+            param.data = param.data.new_empty(self.num_experts, 0, param.shape[2])
+
+    def fused_decode_tensors(self) -> dict[str, torch.Tensor] | None:
+        """The packed experts as the fused decode stack takes them (`moe.gate_up`, `moe.down`);
+        None when they are not packed (no kernels, not fp32) or split over ranks."""
+        if self.w13_packed is None or self.tp.world_size != 1:
+            return None
+        return {"moe.gate_up": self.w13_packed, "moe.down": self.w2_packed}
+
+    def _expert_mlp(self, expert: int, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """out [n, hidden] = down(act(gate_up(rows))) of one expert, rows [n, hidden]."""
+        if self.w13_packed is None:
+            h = self.act_fn(rows @ self.w13_weight[expert].t())  # [n, I]
+            torch.matmul(h, self.w2_weight[expert].t(), out=out)
+            return
+        up = self.kernels.linear_packed(rows, self.w13_packed[expert])  # [n, ceil(2I/16) * 16]
+        h = self.act_fn(up[:, : 2 * self.intermediate].contiguous())  # [n, I]
+        out.copy_(self.kernels.linear_packed(h, self.w2_packed[expert])[:, : self.hidden_size])
 
     def weight_loader(
         self, param, loaded: torch.Tensor, shard_id: str, expert_id: int | None = None
@@ -143,8 +179,7 @@ class FusedExperts(nn.Module):
             if count == 0:
                 continue
             end = start + count
-            h = self.act_fn(rows[start:end] @ self.w13_weight[expert].t())  # [n, I]
-            torch.matmul(h, self.w2_weight[expert].t(), out=out[start:end])  # [n, hidden]
+            self._expert_mlp(expert, rows[start:end], out[start:end])
             start = end
         result = combine(x, out, weights, tokens, order)  # [T, hidden]
         return tp_all_reduce(result) if self.tp.world_size > 1 else result

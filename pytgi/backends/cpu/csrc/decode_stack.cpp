@@ -29,7 +29,12 @@
 // (sequential), o + down (parallel), or mlp_out_norm(down) (sandwich); the next layer's first
 // phase adds it, and the last phase writes the last layer's branch to `out`, so (out, residual)
 // are what the op-by-op layers hand to the final norm(out + residual).
+//
+// A layer whose tensors include `moe.config` runs a mixture-of-experts MLP (moe_stack.h, its own
+// phases) in place of the dense MLP's gate_up, activation and down; its output is the layer's
+// "down" all the same.
 #include "common.h"
+#include "moe_stack.h"
 #include "quant_ops.h"
 
 #include <ATen/Parallel.h>
@@ -99,6 +104,7 @@ struct Layer {
   const float* alibi;  // [heads] or null
   int64_t window;      // a query at position p sees keys p - window < pos <= p; 0 = all keys
   int64_t rope_table;  // which of the step's rotary tables this layer rotates with
+  int64_t moe = -1;    // index into moes_ of the MoE MLP replacing up / down; -1: dense
 };
 
 // A linear input's rows quantised to int8 per 32-wide block (quant.h's Acts), [B, kblocks * 32]
@@ -243,6 +249,8 @@ class DecodeStack {
     if (quant_mlp_normed_) buf.mlp_q = QuantRows::allocate(rows, hidden_, mlp_q);
     if (quant_attn_) buf.attn_q = QuantRows::allocate(rows, heads_ * head_dim_, attn_q);
     if (quant_act_) buf.act_q = QuantRows::allocate(rows, inter_, act_q);
+    std::optional<MoeScratch> moe;
+    if (!moes_.empty()) buf.moe = &moe.emplace(rows, moes_.front(), hidden_, layers_.size());
     Step step{rows,
               cos.size(2),
               cos.size(1) * cos.size(2),
@@ -258,7 +266,8 @@ class DecodeStack {
               layer_slots.data(),
               residual.data_ptr<float>(),
               out.data_ptr<float>()};
-    const size_t num_phases = layers_.size() * kPhasesPerLayer + 1;
+    // the layers' phases, the last branch's, then each layer's MoE phases
+    const size_t num_phases = layers_.size() * (kPhasesPerLayer + kMoePhases) + 1;
     std::unique_ptr<PhaseCounter[]> counters(new PhaseCounter[num_phases]);
     // One index per thread: each runs the whole program (a thread the region did not start, or
     // a serial run, is simply never there to claim tasks).
@@ -274,6 +283,7 @@ class DecodeStack {
     // int8 copies of rows of normed (the qkv input, and the MLP's except with two norms),
     // mlp_normed, attn and act, for the quantized layers that read them
     QuantRows normed_q, mlp_q, attn_q, act_q;
+    MoeScratch* moe = nullptr;  // the MoE layers' scratch (null without MoE layers)
   };
   struct Step {
     int64_t rows, rotary_dim, table_stride;  // table t, row b: cos + t * table_stride + b * rd
@@ -372,8 +382,20 @@ class DecodeStack {
                 "decode stack: q_norm and k_norm come together");
     l.qkv = bind_linear(m, "qkv", (heads_ + 2 * kv_heads_) * d, hidden_);
     l.o = bind_linear(m, "o", hidden_, heads_ * d);
-    l.up = bind_linear(m, gated_ ? "gate_up" : "up", (gated_ ? 2 : 1) * inter_, hidden_);
-    l.down = bind_linear(m, "down", hidden_, inter_);
+    if (m.count("moe.config")) {
+      moes_.push_back(bind_moe(m, hidden_, [&](const std::string& name,
+                                               std::vector<int64_t> shape, bool required) {
+        return bind_tensor(m, name, std::move(shape), required);
+      }));
+      const MoeMlp &first = moes_.front(), &last = moes_.back();
+      TORCH_CHECK(first.experts == last.experts && first.top_k == last.top_k &&
+                      first.inter == last.inter && first.shared_inter == last.shared_inter,
+                  "decode stack: every MoE layer has the same experts");  // one scratch
+      l.moe = static_cast<int64_t>(moes_.size()) - 1;
+    } else {
+      l.up = bind_linear(m, gated_ ? "gate_up" : "up", (gated_ ? 2 : 1) * inter_, hidden_);
+      l.down = bind_linear(m, "down", hidden_, inter_);
+    }
     l.alibi = bind_tensor(m, "alibi_slopes", {heads_}, false);
     TORCH_CHECK(window >= 0 && rope_table >= 0, "decode stack: negative window or table");
     l.window = window;
@@ -549,6 +571,12 @@ class DecodeStack {
       run_phase(c[5], o_tiles_, linear(l.o, r.attn, heads_ * d, buf.attn_q, r.o, r.o_w));
       run_phase(c[6], mlp_after_o ? rows : 0,
                 [&](int64_t b) { pre_mlp_row(l, s, r, buf, b, branch); });
+      if (l.moe >= 0) {
+        PhaseCounter* mc = counter + layers_.size() * kPhasesPerLayer + 1 + li * kMoePhases;
+        run_moe_mlp(moes_[l.moe], li, rows, hd, mlp_in, *buf.moe, r.down, r.down_w,
+                    [&](int p, int64_t n, const auto& task) { run_phase(mc[p], n, task); });
+        continue;
+      }
       run_phase(c[7], up_tiles_, linear(l.up, mlp_in, hd, mlp_in_q, r.up, r.up_w));
       run_phase(c[8], rows, [&](int64_t b) {
         const float* x = r.up + b * r.up_w;
@@ -609,6 +637,7 @@ class DecodeStack {
   int64_t qkv_tiles_, o_tiles_, up_tiles_, down_tiles_;
   int64_t num_tables_ = 1;
   std::vector<Layer> layers_;
+  std::vector<MoeMlp> moes_;  // the MoE layers' MLPs
   std::vector<at::Tensor> kept_;  // the tensors layers_ points into
 };
 
