@@ -129,3 +129,71 @@ def test_decode_attention_rows(ops):
     for i in range(rows):
         assert torch.equal(together[i], attend([i])[0]), i
         assert torch.equal(together[i], attend([i, (i + 3) % rows])[0]), i
+
+
+def _moe_block(ops):
+    """A Qwen2-MoE-shaped block (6 experts, top-2, not renormalised, a gated shared expert) built
+    with the kernels and packed as the loader packs it."""
+    from pytgi.layers.build_context import BuildContext, build_context
+    from pytgi.layers.moe.block import SparseMoeBlock
+    from pytgi.layers.moe.config import MoEConfig
+
+    moe = MoEConfig(
+        num_experts=6, top_k=2, intermediate_size=24, renormalize=False,
+        shared_intermediate_size=40, shared_expert_gate=True,
+    )  # fmt: skip
+    with build_context(BuildContext(kernels=ops)):
+        block = SparseMoeBlock(moe, K, None, "mlp")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    for module in block.modules():
+        if hasattr(module, "quant_method"):
+            module.quant_method.process_weights_after_loading(module)
+        elif hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
+    assert block.experts.w13_packed is not None and block.gate.weight_packed is not None
+    return block
+
+
+@torch.no_grad()
+def test_moe_block_rows(ops):
+    """The MoE MLP (router, grouped experts, shared expert) on the packed kernels: a row's output
+    alone equals its output in a step of 8 rows, where other rows share its experts."""
+    block = _moe_block(ops)
+    x = torch.randn(8, K, generator=torch.Generator().manual_seed(6))
+    together = block(x)
+    for i in range(8):
+        assert torch.equal(together[i], block(x[i : i + 1])[0]), i
+
+
+def test_fused_moe_decode_rows(ops, tiny_model_factory):
+    """The fused decode stack's MoE layers (Mixtral): each of 8 decode rows gives the same logits
+    alone as in the step of 8."""
+    from models.runner_utils import BlockAllocator, make_runner, prompt, scheduled, step
+    from models.test_decoder_stack import counting_runs
+
+    runner = make_runner(tiny_model_factory("mixtral"), num_blocks=64)
+    assert runner.accelerator is not None
+    runs = counting_runs(runner, pytest.MonkeyPatch())
+    blocks = BlockAllocator()
+    seqs = [(prompt(n, seed=n), blocks.take(n + 4), n) for n in (2, 5, 9, 12, 17, 20, 26, 31)]
+    runner.forward(step(*(scheduled(f"r{i}", ids, 0, n, t) for i, (ids, t, n) in enumerate(seqs))))
+    seqs = [(ids + [7], table, n) for ids, table, n in seqs]
+
+    def decode(idx: list[int]) -> torch.Tensor:
+        return runner.forward(
+            step(
+                *(
+                    scheduled(f"r{i}", seqs[i][0], seqs[i][2], seqs[i][2] + 1, seqs[i][1],
+                              num_prompt=seqs[i][2])
+                    for i in idx
+                )
+            )
+        )  # fmt: skip
+
+    together = decode(list(range(8)))
+    for i in range(8):
+        assert torch.equal(together[i], decode([i])[0]), i
+    assert runs == [False] + [True] * 9  # the prefill, then every decode step ran fused
