@@ -29,6 +29,7 @@
 // (sequential), o + down (parallel), or mlp_out_norm(down) (sandwich); the next layer's first
 // phase adds it, and the last phase writes the last layer's branch to `out`, so (out, residual)
 // are what the op-by-op layers hand to the final norm(out + residual).
+#include "attention.h"
 #include "common.h"
 #include "quant_ops.h"
 
