@@ -18,8 +18,9 @@ QUANT_ACTIVATIONS = ("int8", "fp32")
 MODEL_IMPLEMENTATIONS = ("auto", "transformers")
 DEVICES = ("auto", "cpu", "cuda")
 ROPE_SCALINGS = ("linear", "dynamic")  # TGI's --rope-scaling values
-# --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones (docs/KV_CACHE.md)
-KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16")
+# --kv-cache-dtype: TGI's two fp8 formats, and pytgi's 16-bit ones and int8 with per-token,
+# per-head scales (docs/KV_CACHE.md)
+KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2", "bfloat16", "float16", "int8")
 # TGI's default `--cuda-graphs`: decode batch sizes captured at warm-up
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32)
 

@@ -33,7 +33,10 @@ KV_CACHE_TORCH_DTYPES = {
     "fp8_e5m2": torch.float8_e5m2,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
+    "int8": torch.int8,  # CPU: per-token, per-head scales beside the values (docs/KV_CACHE.md)
 }
+# an int8 cache row (one token, one KV head) ends with its own fp32 scale
+INT8_KV_SCALE_BYTES = 4
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -151,7 +154,10 @@ class KVCacheSpec:
 
     @property
     def bytes_per_token(self) -> int:
-        return self.num_kv_heads * (self.head_size + self.head_size_v) * self.dtype.itemsize
+        """K's and V's rows of one token, with an int8 cache's per-row scales."""
+        rows = 1 if self.head_size_v == 0 else 2
+        scales = INT8_KV_SCALE_BYTES * rows if self.dtype == torch.int8 else 0
+        return self.num_kv_heads * ((self.head_size + self.head_size_v) * self.dtype.itemsize + scales)
 
 
 @dataclass(frozen=True)

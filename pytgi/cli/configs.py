@@ -104,13 +104,14 @@ def check_quantize(
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str | None, platform: str) -> None:
-    """An fp8 cache on CUDA is refused before anything loads: pytgi's Triton attention reads
-    16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
-    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8") and platform != "cpu":
+    """An fp8 or int8 cache on CUDA is refused before anything loads: pytgi's Triton attention
+    reads 16- and 32-bit caches only (the CPU backend runs every --kv-cache-dtype value)."""
+    narrow = kv_cache_dtype is not None and kv_cache_dtype.startswith(("fp8", "int8"))
+    if narrow and platform != "cpu":
         raise ConfigError(
             f"--kv-cache-dtype {kv_cache_dtype} is not supported on {platform} by pytgi (its "
             "attention kernels there read bfloat16/float16/float32 caches; PYTGI_DEVICE=cpu "
-            "serves fp8 caches)"
+            "serves fp8 and int8 caches)"
         )
 
 

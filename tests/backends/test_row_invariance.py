@@ -197,3 +197,85 @@ def test_fused_moe_decode_rows(ops, tiny_model_factory):
     for i in range(8):
         assert torch.equal(together[i], decode([i])[0]), i
     assert runs == [False] + [True] * 9  # the prefill, then every decode step ran fused
+
+
+# the KV cache formats the compiled attention kernels read in place (every --kv-cache-dtype)
+KV_FORMATS = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+              torch.float8_e5m2, torch.int8)  # fmt: skip
+SEQ = 150  # three 64-key blocks, the last one partial
+BS = 16
+
+
+def _attention_inputs(d: int, kv_dtype: torch.dtype, k_scale: float, v_scale: float):
+    """A 150-token sequence of 2 KV heads (4 query heads) in a scattered block table, stored
+    through the kernel's store_kv in `kv_dtype`: (q [SEQ, 4, d], k, v [SEQ, 2, d] fp32 as
+    stored, caches, table [W])."""
+    from pytgi.backends.cpu.attention import INT8_KV_SCALE_BYTES
+
+    g = torch.Generator().manual_seed(7)
+    kv_heads, heads, blocks = 2, 4, 16
+    q = torch.randn(SEQ, heads, d, generator=g)
+    k, v = torch.randn(2, SEQ, kv_heads, d, generator=g).unbind(0)
+    row = d + (INT8_KV_SCALE_BYTES if kv_dtype == torch.int8 else 0)
+    k_cache = torch.zeros(kv_heads, blocks * BS, row, dtype=kv_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.randperm(blocks, generator=g)[: -(-SEQ // BS)].to(torch.int64)  # [W]
+    slots = table.repeat_interleave(BS) * BS + torch.arange(len(table) * BS) % BS
+    ops = kernels.load_cpu_kernels()
+    ops.store_kv(k, v, k_cache, v_cache, slots[:SEQ].contiguous(), k_scale, v_scale)
+    return q, (k_cache, v_cache), table
+
+
+# (head_dim, window, softcap, ALiBi): every variant on the fp32 cache, a window on the others
+VARIANTS = {"plain": (32, 0, 0.0, False), "window": (64, 40, 0.0, False),
+            "softcap-alibi": (32, 0, 20.0, True), "d24": (24, 0, 0.0, False)}  # fmt: skip
+CASES = [(torch.float32, v) for v in VARIANTS] + [(f, "window") for f in KV_FORMATS[1:]]
+
+
+@pytest.mark.parametrize("kv_dtype, variant", CASES, ids=lambda x: str(x).removeprefix("torch."))
+def test_attention_rows_of_every_phase_equal_decode_rows(ops, kv_dtype, variant):
+    """A query row's attention output is the same bits whichever kernel computes it: as a decode
+    row alone (the reference), among a batch of decode rows of other lengths, as one of a short
+    chunk's or a verify step's rows (decode rows of the same kernel), as a row of a long first
+    chunk (the flash-style kernel over the prompt's own K/V, or over the stored rows for a
+    narrow cache) and of a later chunk starting at any position (its paged twin). Every KV cache
+    format, read in place with the layer's scales (fp8_e4m3fn's, here 0.5 / 2.0)."""
+    d, window, softcap, alibi = VARIANTS[variant]
+    scales = (0.5, 2.0) if kv_dtype == torch.float8_e4m3fn else (1.0, 1.0)
+    q, (k_cache, v_cache), table = _attention_inputs(d, kv_dtype, *scales)
+    heads, scale = q.shape[1], d**-0.5
+    slopes = -torch.arange(1, heads + 1, dtype=torch.float32) / 8 if alibi else None
+    args = (scale, softcap, slopes, *scales)
+
+    def decode(positions: list[int]) -> torch.Tensor:
+        pos = torch.tensor(positions, dtype=torch.int64)
+        first = (pos + 1 - window).clamp(min=0) if window else torch.zeros_like(pos)
+        tables = table.unsqueeze(0).expand(len(positions), -1).contiguous()
+        return ops.decode_attention(
+            q[positions].contiguous(), k_cache, v_cache, tables, first, pos + 1, BS, *args
+        )
+
+    alone = torch.cat([decode([p]) for p in range(SEQ)])  # [SEQ, H, d]
+
+    def check(name: str, start: int, out: torch.Tensor) -> None:
+        same = (out == alone[start : start + out.shape[0]]).flatten(1).all(dim=1)
+        assert bool(same.all()), f"{name}: rows {(start + (~same).nonzero().flatten()).tolist()}"
+
+    check("decode batch", 0, decode(list(range(SEQ))))
+    check("verify / short chunk", 61, decode(list(range(61, 66))))
+    if d % 16 != 0:
+        return  # the flash kernels' register tiles need head_dim % 16 == 0 (attention.py)
+    for start, n in ((0, SEQ), (0, 9), (37, 100), (64, 86), (100, 50)):
+        paged = ops.prefill_attention_paged(
+            q[start : start + n].contiguous(), k_cache, v_cache, table, start, BS, args[0],
+            window, *args[1:],
+        )  # fmt: skip
+        check(f"paged chunk at {start}", start, paged)
+    if kv_dtype == torch.float32:  # a fresh prompt over its own K/V (as stored: exactly)
+        slots = table.repeat_interleave(BS) * BS + torch.arange(len(table) * BS) % BS
+        k = k_cache[:, slots[:SEQ]].transpose(0, 1)
+        v = v_cache[:, slots[:SEQ]].transpose(0, 1)
+        for n in (9, 48, 49, SEQ):
+            fresh = ops.prefill_attention(q[:n].contiguous(), k[:n], v[:n], scale, window,
+                                          softcap, slopes)  # fmt: skip
+            check(f"fresh prompt of {n}", 0, fresh)

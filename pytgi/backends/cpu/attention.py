@@ -37,14 +37,18 @@ Chunked attention C (Llama 4): a query at p sees keys p // C * C <= pos <= p; de
 their keys at their chunk, prefill rows are cut at chunk boundaries (`_chunked_prefills`), and a
 piece continuing a chunk from the cache runs on the compiled path as decode rows.
 
-Narrow caches (`--kv-cache-dtype`: fp8_e4m3fn, fp8_e5m2, bfloat16, float16 below an fp32 or
-16-bit model): a token's K is stored as k / k_scale clamped to the cache dtype's finite range and
-read back as stored * k_scale in fp32 (likewise V; the scales are the layer's per-tensor
-checkpoint scales for fp8_e4m3fn, as TGI applies them, else 1.0). The torch path gathers the
-visible blocks in the narrow dtype and widens only them. A fresh prompt attends to its own K/V
-after the same round trip, so every query sees exactly the values the cache holds: a row's output
-does not depend on whether its keys came from this step or an earlier one (chunked prefill,
-prefix hits, preemption), nor on the batch. The compiled kernels read fp32 caches only.
+Narrow caches (`--kv-cache-dtype`: fp8_e4m3fn, fp8_e5m2, bfloat16, float16, int8 below an fp32
+or 16-bit model): a token's K is stored as k / k_scale clamped to the cache dtype's finite range
+and read back as stored * k_scale in fp32 (likewise V; the scales are the layer's per-tensor
+checkpoint scales for fp8_e4m3fn, as TGI applies them, else 1.0); an int8 cache row holds the
+head's head_dim int8 values and then its own fp32 scale (max |x| / 127 of that token and head),
+so its rows are head_dim + 4 bytes wide. The compiled kernels write and read every format in
+place (csrc/attention.h: each key and value converted as the kernel reads it); the torch path
+gathers the visible blocks in the narrow dtype and widens only them. A fresh prompt attends to
+its own K/V after the same round trip (the kernels: through the paged prefill kernel over the
+rows just stored), so every query sees exactly the values the cache holds: a row's output does
+not depend on whether its keys came from this step or an earlier one (chunked prefill, prefix
+hits, preemption), nor on the batch.
 
 Score modifiers, fixed per layer: logit soft-capping (Gemma 2: s -> cap * tanh(s / cap), after the
 scale) and ALiBi (a per-head bias slope * (key position - query position), added after the cap).
@@ -62,6 +66,7 @@ import torch.nn.functional as F
 
 from pytgi.backends.base import (
     FP8_DTYPES,
+    INT8_KV_SCALE_BYTES,
     AttentionBackend,
     AttentionBatch,
     AttentionImpl,
@@ -108,7 +113,9 @@ class PrefillRow:
     length: int
     mask: torch.Tensor | None  # [q, length] bool; None (with blocks None) = plain causal
     position: int = 0  # the position of the row's first query
-    block_table: torch.Tensor | None = None  # [W] int64, the row's whole table (cached keys)
+    # [W] int64, the row's whole table (cached keys; for a fresh row its own, just stored); None
+    # for a chunked layer's piece that starts its chunk (its positions count from the chunk)
+    block_table: torch.Tensor | None = None
     bidirectional: bool = False  # its mask opens bidirectional spans (torch path only)
     # chunked attention: the first key every query of the row sees (its chunk's start), when
     # that is a cached key (the compiled path then runs the queries as decode rows)
@@ -170,8 +177,7 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
         self.num_blocks = self.group_blocks[0]
         self.kernels = kernels
         kernel_prefill = all(s.head_size % KERNEL_HEAD_MULTIPLE == 0 for s in specs)
-        # the kernels read fp32 caches only: a narrower cache runs every layer on the torch path
-        self.torch_decode = kernels is None or any(s.dtype != torch.float32 for s in specs)
+        self.torch_decode = kernels is None  # the kernels read every cache format in place
         self.torch_prefill = self.torch_decode or not kernel_prefill
 
     def build(self, batch: AttentionBatch) -> CpuAttentionMetadata:
@@ -242,8 +248,10 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             start, num_q = starts[i], starts[i + 1] - starts[i]
             end_pos = seq_lens[i]
             start_pos = end_pos - num_q
+            table = batch.block_table[i, : cdiv(end_pos, bs)]  # [W]
             if start_pos == 0 and not spans[i] and (window is None or num_q <= window):
-                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None))
+                rows.append(PrefillRow(start, start + num_q, None, 0, num_q, None,
+                                       block_table=table))  # fmt: skip
                 continue
             first = 0 if window is None else max(0, start_pos - window + 1)
             key_pos = torch.arange(first, end_pos)  # [S]
@@ -256,10 +264,9 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
             bidirectional = bool(spans[i])
             if start_pos == 0:  # its own K/V, masked (longer than the window, or spans)
                 rows.append(PrefillRow(start, start + num_q, None, 0, num_q, mask,
-                                       bidirectional=bidirectional))  # fmt: skip
+                                       block_table=table, bidirectional=bidirectional))  # fmt: skip
                 continue
             first_block = first // bs
-            table = batch.block_table[i, : cdiv(end_pos, bs)]  # [W]
             rows.append(
                 PrefillRow(
                     start,
@@ -291,7 +298,7 @@ class CpuMetadataBuilder(AttentionMetadataBuilder):
                 piece_end = min(end_pos, first + chunk)
                 flat = starts[i] + position - start_pos  # the piece's first flat token
                 num_q = piece_end - position
-                if position == first:
+                if position == first:  # its own K/V (keys from position `first` as 0)
                     rows.append(PrefillRow(flat, flat + num_q, None, 0, num_q, None))
                 else:
                     key_pos = torch.arange(first, piece_end)  # [S]
@@ -333,9 +340,9 @@ def _first_visible(seq_lens: torch.Tensor, window: int | None, chunk: int | None
 class CpuAttentionImpl(AttentionImpl):
     def __init__(self, params: AttentionParams, kernels):
         super().__init__(params)
-        # the kernels read and write fp32 caches only (the backend gets kernels for fp32 models)
-        kv_fp32 = params.kv_cache_dtype in (None, torch.float32)
-        self.kernels = kernels if kv_fp32 else None
+        # the kernels write and read every cache format (the backend gets kernels for fp32 models)
+        self.kernels = kernels
+        self.narrow = params.kv_cache_dtype not in (None, torch.float32)
         self.scale = params.scale
         self.window = params.sliding_window
         self.chunk = params.attention_chunk_size
@@ -359,7 +366,7 @@ class CpuAttentionImpl(AttentionImpl):
         view = metadata.views[self.view_key]
         slots = view.slot_mapping  # the layer's KV group's
         if ops is not None:
-            ops.store_kv(k, v, k_cache, v_cache, slots)
+            ops.store_kv(k, v, k_cache, v_cache, slots, *self._scale_pair())
         else:
             _store(k_cache, slots, _encode(k.transpose(0, 1), k_cache.dtype, self.scales.k_scale))
             _store(v_cache, slots, _encode(v.transpose(0, 1), v_cache.dtype, self.scales.v_scale))
@@ -385,6 +392,7 @@ class CpuAttentionImpl(AttentionImpl):
                 self.scale,
                 self.softcap,
                 self.alibi,
+                *self._scale_pair(),
             )  # [B, H, D]
         k, v = (
             _gather(c, metadata, rows.blocks, rows.offset, rows.length, which, scale)
@@ -412,19 +420,24 @@ class CpuAttentionImpl(AttentionImpl):
                 return self._as_decode_rows(q[rows], kv_cache, metadata, row, ops)
         if ops is not None and self.kernel_prefill and not row.bidirectional:
             # the compiled flash-style kernel, which skips the blocks above the diagonal: a fresh
-            # prompt reads its own K/V, a later chunk or a prefix hit the paged cache (this
-            # step's K/V are stored already)
-            if row.blocks is None:
+            # prompt reads its own K/V (a narrow cache's: the rows just stored, as the cache
+            # holds them), a later chunk or a prefix hit the paged cache (this step's K/V are
+            # stored already)
+            k_cache, v_cache = kv_cache
+            if row.blocks is None and not (self.narrow and row.block_table is not None):
+                keys, values = k[rows], v[rows]  # [q, KVH, D]
+                if self.narrow:  # a chunked layer's piece: its K/V as the cache holds them
+                    keys = _as_stored(keys, k_cache.dtype, self.scales.k_scale)
+                    values = _as_stored(values, v_cache.dtype, self.scales.v_scale)
                 return ops.prefill_attention(
                     q[rows],
-                    k[rows],
-                    v[rows],
+                    keys,
+                    values,
                     self.scale,
                     self.window or 0,
                     self.softcap,
                     self.alibi,
                 )
-            k_cache, v_cache = kv_cache
             return ops.prefill_attention_paged(
                 q[rows],
                 k_cache,
@@ -436,6 +449,7 @@ class CpuAttentionImpl(AttentionImpl):
                 self.window or 0,
                 self.softcap,
                 self.alibi,
+                *self._scale_pair(),
             )  # [q, H, D]
         if row.blocks is None:  # this step's K/V, as the cache holds them
             k_cache, v_cache = kv_cache
@@ -475,7 +489,7 @@ class CpuAttentionImpl(AttentionImpl):
         k_cache, v_cache = kv_cache
         return ops.decode_attention(
             q.contiguous(), k_cache, v_cache, tables, first, seq_lens, metadata.block_size,
-            self.scale, self.softcap, self.alibi,
+            self.scale, self.softcap, self.alibi, *self._scale_pair(),
         )  # fmt: skip
 
     def _modified(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
@@ -524,8 +538,11 @@ class CpuAttentionBackend(AttentionBackend):
 
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:
         if isinstance(spec, LatentAttentionSpec):  # one vector per token (layers/latent_attention)
+            if spec.dtype == torch.int8:
+                raise ModelLoadError("--kv-cache-dtype int8 is not supported for latent (MLA) caches")
             return (torch.zeros(num_blocks * block_size, spec.head_size, dtype=spec.dtype),)
-        shape = (spec.num_kv_heads, num_blocks * block_size, spec.head_size)
+        row = spec.head_size + (INT8_KV_SCALE_BYTES if spec.dtype == torch.int8 else 0)
+        shape = (spec.num_kv_heads, num_blocks * block_size, row)
         return (
             torch.zeros(shape, dtype=spec.dtype, device=device),
             torch.zeros(shape, dtype=spec.dtype, device=device),
@@ -540,10 +557,16 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _encode(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """x (any float dtype) -> x / scale in the cache's `dtype`, clamped to its finite range (a
-    value past an 8- or 16-bit format's range saturates instead of becoming inf or NaN)."""
+    """x [..., D] (any float dtype) -> x / scale in the cache's `dtype`, clamped to its finite
+    range (a value past an 8- or 16-bit format's range saturates instead of becoming inf or NaN);
+    int8: [..., D + 4], round(x / s) then s (fp32 bytes), s = max |x| / 127 over the row."""
     if x.dtype == dtype:
         return x
+    if dtype == torch.int8:
+        x = x.float()
+        s = x.abs().amax(-1, keepdim=True) / 127  # [..., 1]
+        q = torch.where(s > 0, x / s, 0.0).round().clamp(-127, 127).to(torch.int8)
+        return torch.cat([q, s.view(torch.int8)], dim=-1)
     if dtype == torch.float32 and scale == 1.0:
         return x.to(dtype)  # exact
     limit = torch.finfo(dtype).max
@@ -552,7 +575,7 @@ def _encode(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
 
 
 def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
-    """cache [KVH, S, D] <- x [KVH, T, D] at slots [T] (fp8 through a byte view: index_copy_
+    """cache [KVH, S, row] <- x [KVH, T, row] at slots [T] (fp8 through a byte view: index_copy_
     has no fp8 kernel on CPU)."""
     if cache.dtype in FP8_DTYPES:
         cache, x = cache.view(torch.uint8), x.view(torch.uint8)
@@ -560,7 +583,11 @@ def _store(cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
 
 
 def _decode(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """Stored values -> fp32 values (times the layer's scale)."""
+    """Stored rows [..., row] -> fp32 values [..., D] (times the layer's scale; int8: times each
+    row's own scale)."""
+    if x.dtype == torch.int8:
+        s = x[..., -INT8_KV_SCALE_BYTES:].contiguous().view(torch.float32)  # [..., 1]
+        return x[..., :-INT8_KV_SCALE_BYTES].float() * s
     x = _fp32(x)
     return x if scale == 1.0 else x * scale
 
@@ -574,8 +601,8 @@ def _as_stored(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tenso
 
 
 def _gather(cache, metadata, blocks, offset, length, which: str, scale: float) -> torch.Tensor:
-    """cache [KVH, num_blocks * block_size, D], blocks [R, nb] -> [R, KVH, length, D] (fp32,
-    times `scale`), each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused
+    """cache [KVH, num_blocks * block_size, row], blocks [R, nb] -> [R, KVH, length, D] (fp32,
+    times `scale`; row = D, or D + 4 for int8), each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused
     buffer."""
     kvh, num_slots, d = cache.shape
     block_size = metadata.block_size

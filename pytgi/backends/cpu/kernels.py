@@ -45,6 +45,7 @@ SOURCES = [
     CSRC / "quant_vnni512.cpp",
 ]
 HEADERS = [
+    CSRC / "attention.h",
     CSRC / "common.h",
     CSRC / "quant.h",
     CSRC / "quant_ops.h",

@@ -1,5 +1,5 @@
-// Shared building blocks of pytgi's CPU kernels (fp32): row helpers, the decode attention of one
-// query head, and the 16-column register tiles of the packed GEMM. Used by ops.cpp (one op per
+// Shared building blocks of pytgi's CPU kernels (fp32): row helpers, vector math, and the
+// 16-column register tiles of the packed GEMM (attention: attention.h). Used by ops.cpp (one op per
 // call) and decode_stack.cpp (a whole decode step's layers in one call), so both compute the same
 // floats. Everything here is inline: this header is included by both translation units.
 #pragma once
@@ -123,41 +123,7 @@ inline void rotate(float* v, const float* c, const float* s, int64_t rd, bool in
   }
 }
 
-// ---- decode attention: one query head against its row's keys (len rows of d floats) ----
-
-// Per-head score modifiers: logit soft-capping (softcap > 0: s -> softcap * tanh(s / softcap))
-// and ALiBi (slope != 0: s += slope * (key position - query position)).
-struct ScoreMods {
-  float softcap = 0.f;
-  float slope = 0.f;
-  bool active() const { return softcap > 0.f || slope != 0.f; }
-};
-
-inline float apply_mods_scalar(float x, const ScoreMods& mods, float distance) {
-  if (mods.softcap > 0.f) x = mods.softcap * std::tanh(x / mods.softcap);
-  return x + mods.slope * distance;
-}
-
-inline float apply_mods(float* s, int64_t n, float scale, const ScoreMods& mods, int64_t origin);
-
-inline void attend_scalar(const float* q, const float* const* keys, const float* const* values,
-                          int64_t len, int64_t d, float scale, float* s, float* out,
-                          const ScoreMods& mods) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < len; ++i) m = std::max(m, s[i] = dot(q, keys[i], d) * scale);
-  if (mods.active()) m = apply_mods(s, len, 1.f, mods, 1 - len);  // the query is the last key
-  float total = 0.f;
-  for (int64_t i = 0; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
-  std::fill(out, out + d, 0.f);
-  for (int64_t i = 0; i < len; ++i) {
-#pragma omp simd
-    for (int64_t c = 0; c < d; ++c) out[c] += s[i] * values[i][c];
-  }
-  for (int64_t c = 0; c < d; ++c) out[c] /= total;
-}
-
 #if defined(__AVX2__) && defined(__FMA__)
-constexpr bool kVectorized = true;
 
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -214,203 +180,12 @@ inline __m256 erf_ps(__m256 x) {
   return _mm256_or_ps(_mm256_fnmadd_ps(p, e, one), sign);
 }
 
-// [sum(a0), ..., sum(a7)]: eight horizontal sums in one vector (6 hadds and 2 lane permutes
-// instead of 8 separate reductions).
-inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
-                    __m256 a7) {
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-  // u0 = [a0..a3 summed over their low 128-bit lane | the same over the high lane], u1 for a4..a7
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
-
-// s[i] = q . keys[i] * scale for 8 keys at once (d % 8 == 0): 8 independent FMA chains, one
-// shared load of q per 8 features. Returns the max of the 8 scores.
-inline float scores8_avx2(const float* q, const float* const* keys, int64_t d, float scale,
-                          float* s) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  const float *k0 = keys[0], *k1 = keys[1], *k2 = keys[2], *k3 = keys[3], *k4 = keys[4],
-              *k5 = keys[5], *k6 = keys[6], *k7 = keys[7];
-  for (int64_t c = 0; c < d; c += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + c);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + c), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + c), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + c), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + c), a3);
-    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k4 + c), a4);
-    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k5 + c), a5);
-    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k6 + c), a6);
-    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k7 + c), a7);
-  }
-  const __m256 v = _mm256_mul_ps(hsum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale));
-  _mm256_storeu_ps(s, v);
-  return hmax(v);
-}
 #endif
-
-// s[i] <- exp(s[i] * scale - shift) over n values; returns their sum (the softmax's numerators
-// and denominator). exp(-inf) is 0 on the scalar tail and ~1e-38 in the vector part (exp_ps
-// clamps its input).
-inline float exp_shifted_sum(float* s, int64_t n, float scale, float shift) {
-  float total = 0.f;
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  const __m256 sv = _mm256_set1_ps(scale), mv = _mm256_set1_ps(shift);
-  __m256 sum = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp_ps(_mm256_fmsub_ps(_mm256_loadu_ps(s + i), sv, mv));
-    _mm256_storeu_ps(s + i, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  total = hsum(sum);
-#endif
-  for (; i < n; ++i) total += (s[i] = std::exp(s[i] * scale - shift));
-  return total;
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-// d % 8 == 0. Scores 8 keys at a time (then one by one); the weighted sum of values in chunks of
-// 64 features held in 8 registers (the values are re-read per chunk from L1).
-inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
-                        int64_t len, int64_t d, float scale, float* s, float* out,
-                        const ScoreMods& mods) {
-  float m = -std::numeric_limits<float>::infinity();
-  int64_t first_single = 0;
-  for (; first_single + 8 <= len; first_single += 8) {
-    m = std::max(m, scores8_avx2(q, keys + first_single, d, scale, s + first_single));
-  }
-  for (int64_t i = first_single; i < len; ++i) {
-    const float* k = keys[i];
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 16 <= d; c += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), _mm256_loadu_ps(k + c + 8), a1);
-    }
-    if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a0);
-    m = std::max(m, s[i] = hsum(_mm256_add_ps(a0, a1)) * scale);
-  }
-  if (mods.active()) m = apply_mods(s, len, 1.f, mods, 1 - len);  // the query is the last key
-  const __m256 inv = _mm256_set1_ps(1.f / exp_shifted_sum(s, len, 1.f, m));
-  for (int64_t c0 = 0; c0 < d; c0 += 64) {
-    const int64_t nc = std::min<int64_t>(8, (d - c0) / 8);
-    __m256 r0 = _mm256_setzero_ps(), r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0,
-           r7 = r0;
-    for (int64_t j = 0; j < len; ++j) {
-      const __m256 w = _mm256_broadcast_ss(s + j);
-      const float* v = values[j] + c0;
-      r0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), r0);
-      if (nc > 1) r1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), r1);
-      if (nc > 2) r2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), r2);
-      if (nc > 3) r3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), r3);
-      if (nc > 4) r4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), r4);
-      if (nc > 5) r5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), r5);
-      if (nc > 6) r6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), r6);
-      if (nc > 7) r7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), r7);
-    }
-    const __m256 r[8] = {r0, r1, r2, r3, r4, r5, r6, r7};
-    for (int64_t j = 0; j < nc; ++j) _mm256_storeu_ps(out + c0 + 8 * j, _mm256_mul_ps(r[j], inv));
-  }
-}
-#else
-constexpr bool kVectorized = false;
-inline void attend_avx2(const float* q, const float* const* keys, const float* const* values,
-                        int64_t len, int64_t d, float scale, float* s, float* out,
-                        const ScoreMods& mods) {
-  attend_scalar(q, keys, values, len, d, scale, s, out, mods);
-}
-#endif
-
-// s[j] <- mods(s[j] * scale) with key j at distance origin + j from the query, over n scores;
-// returns their max. The soft-cap's tanh is vectorised where AVX2 is there.
-inline float apply_mods(float* s, int64_t n, float scale, const ScoreMods& mods, int64_t origin) {
-  float m = -std::numeric_limits<float>::infinity();
-  int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  const bool capped = mods.softcap > 0.f;
-  const __m256 sv = _mm256_set1_ps(capped ? scale / mods.softcap : scale);
-  const __m256 cap = _mm256_set1_ps(capped ? mods.softcap : 1.f);
-  const __m256 step = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
-  const __m256 slope = _mm256_set1_ps(mods.slope);
-  __m256 mv = _mm256_set1_ps(m);
-  for (; j + 8 <= n; j += 8) {
-    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + j), sv);
-    if (capped) x = _mm256_mul_ps(tanh_ps(x), cap);
-    const __m256 dist = _mm256_add_ps(_mm256_set1_ps(static_cast<float>(origin + j)), step);
-    const __m256 y = _mm256_fmadd_ps(slope, dist, x);
-    _mm256_storeu_ps(s + j, y);
-    mv = _mm256_max_ps(mv, y);
-  }
-  m = hmax(mv);
-#endif
-  for (; j < n; ++j) {
-    s[j] = apply_mods_scalar(s[j] * scale, mods, static_cast<float>(origin + j));
-    m = std::max(m, s[j]);
-  }
-  return m;
-}
-
-// The K and V rows of positions [first, first + len) of one KV head, wherever their blocks are:
-// position p lives in slot table[p / block_size] * block_size + p % block_size of the head's
-// [num_slots, d] rows (k_head, v_head). One division per block, not per position.
-inline void paged_rows(const int64_t* table, int64_t block_size, int64_t first, int64_t len,
-                       const float* k_head, const float* v_head, int64_t d, const float** keys,
-                       const float** values) {
-  for (int64_t i = 0, p = first; i < len;) {
-    const int64_t offset = p % block_size, n = std::min(block_size - offset, len - i);
-    const int64_t row = table[p / block_size] * block_size + offset;
-    for (int64_t j = 0; j < n; ++j) {
-      keys[i + j] = k_head + (row + j) * d;
-      values[i + j] = v_head + (row + j) * d;
-    }
-    i += n;
-    p += n;
-  }
-}
-
-// Dispatches on d: the AVX2 path needs d % 8 == 0.
-inline void attend(const float* q, const float* const* keys, const float* const* values,
-                   int64_t len, int64_t d, float scale, float* s, float* out,
-                   const ScoreMods& mods) {
-  if (kVectorized && d % 8 == 0) {
-    attend_avx2(q, keys, values, len, d, scale, s, out, mods);
-  } else {
-    attend_scalar(q, keys, values, len, d, scale, s, out, mods);
-  }
-}
-
-struct AttendScratch {  // one thread's, reused across calls
-  std::vector<float> scores;
-  std::vector<const float*> keys, values;
-};
-
-// The `group` query heads of one KV head in one decode row (head g at q + g * q_head_stride)
-// against the row's positions [first, first + len), read in place from the head's [num_slots, d]
-// cache rows through the row's block table -> out + g * d. The group's heads run back to back,
-// so their K/V rows come from L2 after the first. softcap > 0 caps the scores; slopes (null: no
-// ALiBi) holds the group's ALiBi slopes.
-inline void attend_kv_head(const float* q, int64_t q_head_stride, int64_t group,
-                           const int64_t* table, int64_t block_size, int64_t first, int64_t len,
-                           const float* k_head, const float* v_head, int64_t d, float scale,
-                           float* out, AttendScratch& scratch, float softcap = 0.f,
-                           const float* slopes = nullptr) {
-  scratch.keys.resize(len);
-  scratch.values.resize(len);
-  scratch.scores.resize(len);
-  paged_rows(table, block_size, first, len, k_head, v_head, d, scratch.keys.data(),
-             scratch.values.data());
-  for (int64_t g = 0; g < group; ++g) {
-    const ScoreMods mods{softcap, slopes == nullptr ? 0.f : slopes[g]};
-    attend(q + g * q_head_stride, scratch.keys.data(), scratch.values.data(), len, d, scale,
-           scratch.scores.data(), out + g * d, mods);
-  }
-}
 
 // out[i] = silu(gate[i]) * up[i] over n values.
 inline void silu_mul_row(float* out, const float* gate, const float* up, int64_t n) {

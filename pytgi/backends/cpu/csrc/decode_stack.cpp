@@ -33,6 +33,7 @@
 // A layer whose tensors include `moe.config` runs a mixture-of-experts MLP (moe_stack.h, its own
 // phases) in place of the dense MLP's gate_up, activation and down; its output is the layer's
 // "down" all the same.
+#include "attention.h"
 #include "common.h"
 #include "moe_stack.h"
 #include "quant_ops.h"

@@ -5,8 +5,10 @@
 //
 // Layouts (the callers' invariants, checked below):
 //   activations  [T, ..., D] with the last dimension contiguous;
-//   KV cache     [KVH, num_blocks * block_size, D] per layer (head-major, see attention.py): the
-//                keys of block b, head h are the contiguous rows [b * block_size, (b+1) * block_size).
+//   KV cache     [KVH, num_blocks * block_size, row] per layer (head-major, see attention.py): the
+//                keys of block b, head h are the contiguous rows [b * block_size, (b+1) * block_size);
+//                a row is one token's head_dim values in the cache's format (attention.h).
+#include "attention.h"
 #include "common.h"
 
 #include <ATen/Parallel.h>
@@ -116,28 +118,40 @@ void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin, bool in
   });
 }
 
-// k, v [T, KVH, D] (any row/head strides) -> k_cache, v_cache [KVH, S, D] at slots [T] (int64).
-void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
-              const at::Tensor& slots) {
-  for (const at::Tensor* t : {&k, &v, static_cast<const at::Tensor*>(&k_cache),
-                               static_cast<const at::Tensor*>(&v_cache)}) {
-    check_f32(*t, "k/v and caches");
-  }
-  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes() && k_cache.dim() == 3, "bad K/V shapes");
+// The caches' checks: [KVH, S, row] contiguous, K's and V's alike, a format of attention.h.
+void check_caches(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(k_cache.device().is_cpu() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "K and V caches must be CPU tensors [KVH, S, row] of one shape and dtype");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  kv_format_of(k_cache.scalar_type());
+}
+
+// k, v [T, KVH, D] fp32 (any row/head strides) -> k_cache, v_cache [KVH, S, row] at slots [T]
+// (int64), in the caches' format (k_scale / v_scale: the layer's; see attention.h).
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slots, double k_scale, double v_scale) {
+  check_f32(k, "k");
+  check_f32(v, "v");
+  check_caches(k_cache, v_cache);
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "bad K/V shapes");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == k.size(0), "bad slot mapping");
   const int64_t tokens = k.size(0), kvh = k.size(1), d = k.size(2), num_slots = k_cache.size(1);
-  TORCH_CHECK(k_cache.size(0) == kvh && k_cache.size(2) == d && v_cache.sizes() == k_cache.sizes(),
+  TORCH_CHECK(k_cache.size(0) == kvh && kv_head_dim(k_cache) == d,
               "cache shape does not match K/V");
   const int64_t* sl = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(sl[t] >= 0 && sl[t] < num_slots, "bad slot");
+  const KvFormat fmt = kv_format_of(k_cache.scalar_type());
+  const int64_t head_bytes = num_slots * kv_row_bytes(fmt, d);
   const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  uint8_t *kc = static_cast<uint8_t*>(k_cache.data_ptr()),
+          *vc = static_cast<uint8_t*>(v_cache.data_ptr());
   const int64_t kst = k.stride(0), ksh = k.stride(1), vst = v.stride(0), vsh = v.stride(1);
+  const float ks = static_cast<float>(k_scale), vs = static_cast<float>(v_scale);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < kvh; ++h) {
-      std::copy_n(kp + t * kst + h * ksh, d, kc + (h * num_slots + sl[t]) * d);
-      std::copy_n(vp + t * vst + h * vsh, d, vc + (h * num_slots + sl[t]) * d);
+      store_row(kc + h * head_bytes, fmt, ks, sl[t], kp + t * kst + h * ksh, d);
+      store_row(vc + h * head_bytes, fmt, vs, sl[t], vp + t * vst + h * vsh, d);
     }
   }
 }
@@ -151,30 +165,29 @@ const float* alibi_slopes(const std::optional<at::Tensor>& alibi, int64_t heads)
 }
 
 // One query token per row, read straight from the paged cache (no gather copy):
-// q [B, H, D] (any row/head strides), caches [KVH, num_blocks * block_size, D],
-// block_tables [B, W] int64 (padded), first / seq_lens [B] int64: row b attends the keys at
-// positions first[b] <= p < seq_lens[b]. Query head h reads KV head h / (H / KVH) (GQA, as
-// transformers' repeat_kv). Returns [B, H, D]. Exact (two-pass) softmax per query head; the query
-// heads of one KV head run back to back, so their K/V rows come from L2 after the first.
-// softcap > 0: scores -> softcap * tanh(scores / softcap); alibi [H] (optional): scores +=
-// alibi[h] * (key position - query position).
+// q [B, H, D] (any row/head strides), caches [KVH, num_blocks * block_size, row] (any format of
+// attention.h; k_scale / v_scale the layer's), block_tables [B, W] int64 (padded), first /
+// seq_lens [B] int64: row b attends the keys at positions first[b] <= p < seq_lens[b]. Query head
+// h reads KV head h / (H / KVH) (GQA, as transformers' repeat_kv). Returns [B, H, D]. Each row
+// runs the per-row routine of attention.h (the prefill kernels' arithmetic); the query heads of
+// one KV head run together as the rows of its register tiles. softcap > 0: scores ->
+// softcap * tanh(scores / softcap); alibi [H] (optional): scores += alibi[h] * (key position -
+// query position).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& first, const at::Tensor& seq_lens,
                             int64_t block_size, double scale, double softcap,
-                            const std::optional<at::Tensor>& alibi) {
+                            const std::optional<at::Tensor>& alibi, double k_scale,
+                            double v_scale) {
   check_f32(q, "q");
-  check_f32(k_cache, "k_cache");
-  check_f32(v_cache, "v_cache");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes(),
-              "bad attention shapes");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  check_caches(k_cache, v_cache);
+  TORCH_CHECK(q.dim() == 3, "bad attention shapes");
   for (const at::Tensor* t : {&block_tables, &first, &seq_lens}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "int64 metadata expected");
   }
   const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kvh = k_cache.size(0), num_slots = k_cache.size(1), width = block_tables.size(1);
-  TORCH_CHECK(k_cache.size(2) == d && heads % kvh == 0, "head counts do not match the cache");
+  TORCH_CHECK(kv_head_dim(k_cache) == d && heads % kvh == 0, "head counts do not match the cache");
   TORCH_CHECK(block_tables.size(0) == rows && first.numel() == rows && seq_lens.numel() == rows,
               "one block table, first and length per row");
   const int64_t group = heads / kvh;
@@ -189,8 +202,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
     }
   }
   auto out = at::empty({rows, heads, d}, q.options());
-  const float *qp = q.data_ptr<float>(), *kc = k_cache.data_ptr<float>(),
-              *vc = v_cache.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t qsr = q.stride(0), qsh = q.stride(1);
   const float sc = static_cast<float>(scale);
@@ -200,14 +212,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / kvh, h = task % kvh;
       attend_kv_head(qp + b * qsr + h * group * qsh, qsh, group, tables + b * width, block_size,
-                     fp[b], lp[b] - fp[b], kc + h * num_slots * d, vc + h * num_slots * d, d, sc,
+                     fp[b], lp[b] - fp[b], kv_head_rows(k_cache, h, static_cast<float>(k_scale)),
+                     kv_head_rows(v_cache, h, static_cast<float>(v_scale)), d, sc,
                      op + (b * heads + h * group) * d, scratch, static_cast<float>(softcap),
                      slopes == nullptr ? nullptr : slopes + h * group);
     }
   });
   return out;
 }
-
 
 // x [T, 2I] contiguous = [gate | up] -> gelu(gate) * up [T, I] (exact, or the tanh form).
 at::Tensor gelu_and_mul(const at::Tensor& x, bool tanh_approximation) {
@@ -299,129 +311,23 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& wt,
 // Queries at positions start.. attend keys s with t - window < s <= t (window 0: all s <= t),
 // taken from this step's K/V (a fresh prompt) or from the paged cache (a later chunk, a prefix
 // hit: the step's own K/V are already stored there). Per KV head the visible keys are first
-// gathered once: K^T as 64-key tiles [d, 64], V as contiguous rows. Each task is then one query
-// head and a block of kQueryBlock queries walking the key blocks up to its last query: S = Q K^T
-// and O += P V on the packed-GEMM register tiles with an online softmax in between, so no
-// [queries, keys] matrix is formed and nothing above the diagonal is computed.
+// gathered once (converted to fp32 from the cache's format): K^T as 64-key tiles [d, 64], V as
+// contiguous rows. Each task is then one query head and a block of kQueryBlock queries walking
+// the key blocks up to its last query with the per-row routine of attention.h (so each query's
+// bits are a decode row's), no [queries, keys] matrix formed and nothing above the diagonal
+// computed.
 namespace {
 
 constexpr int64_t kQueryBlock = 48;  // 8 register row-blocks of 6
-constexpr int64_t kKeyBlock = 64;    // 4 column tiles of 16
 
-struct FlashScratch {
-  std::vector<float> scores, pv, out, max, sum;
-  FlashScratch(int64_t d)
-      : scores(kQueryBlock * kKeyBlock), pv(kQueryBlock * d), out(kQueryBlock * d),
-        max(kQueryBlock), sum(kQueryBlock) {}
-};
-
-// y [rows, cols] = x [rows, k_len] (row stride xs) @ w [k_len, cols] (row stride wn);
-// cols % 16 == 0.
-void tiles_gemm(int64_t rows, const float* x, int64_t xs, const float* w, int64_t wn,
-                int64_t k_len, int64_t cols, float* y) {
-  for (int64_t j = 0; j < cols; j += kTile) {
-    packed_tile(rows, x, xs, w + j, wn, k_len, y + j, cols, nullptr);
-  }
-}
-
-// One row's online-softmax update with this key block's raw scores s[0, n) (q . k, -inf where
-// masked; scale > 0): returns the factor the row's running output must be multiplied by; s
-// becomes the probabilities exp(s * scale - new max), max and sum are in scaled units.
-float softmax_update(float* s, int64_t n, float scale, float& max, float& sum) {
-  float block_max = -std::numeric_limits<float>::infinity();
-  int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 mv8 = _mm256_set1_ps(block_max);
-  for (; i + 8 <= n; i += 8) mv8 = _mm256_max_ps(mv8, _mm256_loadu_ps(s + i));
-  block_max = hmax(mv8);
-#endif
-  for (; i < n; ++i) block_max = std::max(block_max, s[i]);
-  block_max *= scale;
-  if (block_max == -std::numeric_limits<float>::infinity()) {  // nothing visible here
-    std::fill(s, s + n, 0.f);
-    return 1.f;
-  }
-  const float new_max = std::max(max, block_max);
-  const float correction = max == -std::numeric_limits<float>::infinity()
-                               ? 0.f
-                               : std::exp(max - new_max);
-  sum = sum * correction + exp_shifted_sum(s, n, scale, new_max);
-  max = new_max;
-  return correction;
-}
-
-// The keys [key_base, key_end) of one KV head, from row(p) -> its d floats: K^T tiles
-// [blocks, d, 64] (zero past key_end) and V rows [key_end - key_base, d].
-template <class KRow, class VRow>
-void gather_head_keys(const KRow& k_row, const VRow& v_row, int64_t key_base, int64_t key_end,
-                      int64_t d, float* kt, float* v) {
-  for (int64_t k0 = key_base; k0 < key_end; k0 += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, key_end - k0);
-    float* block = kt + (k0 - key_base) / kKeyBlock * d * kKeyBlock;
-    std::fill(block, block + d * kKeyBlock, 0.f);
-    for (int64_t j = 0; j < nk; ++j) {
-      const float* row = k_row(k0 + j);
-      for (int64_t c = 0; c < d; ++c) block[c * kKeyBlock + j] = row[c];
-      std::copy_n(v_row(k0 + j), d, v + (k0 + j - key_base) * d);
-    }
-  }
-}
-
-// Queries q0 .. q0 + nq of one head (rows of q, stride qs; at positions start + q0 ..) against
-// the keys from key_base (kt tiles, v rows of d) -> out rows (stride os).
-void flash_task(const float* q, int64_t qs, const float* kt, const float* v, float* out,
-                int64_t os, int64_t start, int64_t q0, int64_t nq, int64_t key_base, int64_t d,
-                float scale, int64_t window, const ScoreMods& mods, FlashScratch& w) {
-  std::fill(w.out.begin(), w.out.end(), 0.f);
-  std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<float>::infinity());
-  std::fill(w.sum.begin(), w.sum.end(), 0.f);
-  const int64_t first_pos = start + q0, last = first_pos + nq - 1;  // last query = last key
-  const int64_t first = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
-  for (int64_t k0 = std::max(key_base, first - first % kKeyBlock); k0 <= last; k0 += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, last + 1 - k0);
-    tiles_gemm(nq, q + q0 * qs, qs, kt + (k0 - key_base) / kKeyBlock * d * kKeyBlock, kKeyBlock,
-               d, kKeyBlock, w.scores.data());
-    // every key of the block visible to every query of the block: no mask to apply
-    const bool all_visible =
-        k0 + kKeyBlock - 1 <= first_pos && (window == 0 || k0 > last - window);
-    for (int64_t r = 0; r < nq; ++r) {
-      const int64_t t = first_pos + r, lo = window > 0 ? t - window + 1 : 0;
-      float* s = w.scores.data() + r * kKeyBlock;
-      float row_scale = scale;
-      if (mods.active()) {  // scaled and modified now; the mask below overwrites what is hidden
-        apply_mods(s, kKeyBlock, scale, mods, k0 - t);
-        row_scale = 1.f;
-      }
-      if (!all_visible) {
-        for (int64_t j = 0; j < kKeyBlock; ++j) {
-          const int64_t pos = k0 + j;
-          if (pos > t || pos < lo || j >= nk) s[j] = -std::numeric_limits<float>::infinity();
-        }
-      }
-      const float correction = softmax_update(s, kKeyBlock, row_scale, w.max[r], w.sum[r]);
-      if (correction != 1.f) {
-        float* o = w.out.data() + r * d;
-        for (int64_t c = 0; c < d; ++c) o[c] *= correction;
-      }
-    }
-    tiles_gemm(nq, w.scores.data(), kKeyBlock, v + (k0 - key_base) * d, d, nk, d, w.pv.data());
-    for (int64_t i = 0; i < nq * d; ++i) w.out[i] += w.pv[i];
-  }
-  for (int64_t r = 0; r < nq; ++r) {
-    const float inv = 1.f / w.sum[r];
-    const float* o = w.out.data() + r * d;
-    float* y = out + (q0 + r) * os;
-    for (int64_t c = 0; c < d; ++c) y[c] = o[c] * inv;
-  }
-}
-
-// q [n, H, D] at positions start..start + n - 1 -> [n, H, D]; k_row(h, p) / v_row(h, p) give
-// KV head h's key / value at position p (every p < start + n the queries may see); softcap and
-// slopes (null: no ALiBi) as in decode_attention.
-template <class KRow, class VRow>
+// q [n, H, D] at positions start..start + n - 1 -> [n, H, D]; k_rows(h) / v_rows(h) are KV head
+// h's rows and slot(p) the row of position p (every p < start + n the queries may see); softcap
+// and slopes (null: no ALiBi) as in decode_attention.
+template <class Slot>
 at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, double scale,
-                           int64_t window, float softcap, const float* slopes, const KRow& k_row,
-                           const VRow& v_row) {
+                           int64_t window, float softcap, const float* slopes,
+                           const std::vector<KvRows>& k_rows, const std::vector<KvRows>& v_rows,
+                           const Slot& slot) {
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   TORCH_CHECK(kvh > 0 && heads % kvh == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(d % kTile == 0, "head_dim must be a multiple of 16");
@@ -432,13 +338,14 @@ at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, doub
   const int64_t key_base = first_needed - first_needed % kKeyBlock, key_end = start + n;
   const int64_t key_blocks = (key_end - key_base + kKeyBlock - 1) / kKeyBlock;
   auto kt = at::empty({kvh, key_blocks, d, kKeyBlock}, q.options());
-  auto vc = at::empty({kvh, key_end - key_base, d}, q.options());
+  auto vc = at::empty({kvh, key_blocks * kKeyBlock, d}, q.options());
   float *ktp = kt.data_ptr<float>(), *vcp = vc.data_ptr<float>();
-  at::parallel_for(0, kvh, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t h = begin; h < end; ++h) {
-      gather_head_keys([&](int64_t p) { return k_row(h, p); },
-                       [&](int64_t p) { return v_row(h, p); }, key_base, key_end, d,
-                       ktp + h * key_blocks * d * kKeyBlock, vcp + h * (key_end - key_base) * d);
+  at::parallel_for(0, kvh * key_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / key_blocks, i = task % key_blocks, k0 = key_base + i * kKeyBlock;
+      gather_key_block(k_rows[h], v_rows[h], slot, k0, first_needed,
+                       std::min(kKeyBlock, key_end - k0), d, ktp + task * d * kKeyBlock,
+                       vcp + task * kKeyBlock * d);
     }
   });
   const float* qp = q.data_ptr<float>();
@@ -450,14 +357,24 @@ at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, doub
   std::atomic<int64_t> next_task{0};
   const int64_t num_tasks = heads * blocks;
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-    FlashScratch scratch(d);
+    AttendScratch scratch;
     for (int64_t task = next_task++; task < num_tasks; task = next_task++) {
       const int64_t h = task % heads, block = blocks - 1 - task / heads;
       const int64_t q0 = block * kQueryBlock, nq = std::min(kQueryBlock, n - q0);
-      const ScoreMods mods{softcap, slopes == nullptr ? 0.f : slopes[h]};
-      flash_task(qp + h * q.stride(1), q.stride(0), ktp + (h / group) * key_blocks * d * kKeyBlock,
-                 vcp + (h / group) * (key_end - key_base) * d, op + h * d, heads * d, start, q0,
-                 nq, key_base, d, sc, window, mods, scratch);
+      const int64_t first_pos = start + q0, last = first_pos + nq - 1;  // last query = last key
+      const QueryRows rows{qp + h * q.stride(1) + q0 * q.stride(0), q.stride(0), nq, first_pos, 1,
+                           window > 0 ? first_pos - window + 1 : 0, window > 0 ? 1 : 0, softcap,
+                           slopes == nullptr ? nullptr : slopes + h, 0};
+      const int64_t lo = std::max<int64_t>(0, rows.lo0);
+      const float* kth = ktp + (h / group) * key_blocks * d * kKeyBlock;
+      const float* vh = vcp + (h / group) * key_blocks * kKeyBlock * d;
+      scratch.start(nq, d);
+      for (int64_t k0 = std::max(key_base, lo - lo % kKeyBlock); k0 <= last; k0 += kKeyBlock) {
+        const int64_t i = (k0 - key_base) / kKeyBlock;
+        attend_key_block(rows, kth + i * d * kKeyBlock, vh + i * kKeyBlock * d, k0,
+                         std::min(kKeyBlock, last + 1 - k0), d, sc, scratch);
+      }
+      finish_rows(rows, d, scratch, op + q0 * heads * d + h * d, heads * d);
     }
   });
   return out;
@@ -465,7 +382,9 @@ at::Tensor flash_attention(const at::Tensor& q, int64_t kvh, int64_t start, doub
 
 }  // namespace
 
-// A fresh prompt: q [T, H, D], k / v [T, KVH, D] (any row/head strides, last dim contiguous).
+// A fresh prompt: q [T, H, D], k / v [T, KVH, D] fp32 (any row/head strides, last dim
+// contiguous), attended as they are (an fp32 cache's values; a narrower cache's prompt reads the
+// stored rows through prefill_attention_paged instead).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              double scale, int64_t window, double softcap,
                              const std::optional<at::Tensor>& alibi) {
@@ -475,46 +394,53 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                   q.size(2) == k.size(2),
               "q [T, H, D], k and v [T, KVH, D] expected");
-  const float *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  const int64_t ks = k.stride(0), khs = k.stride(1), vs = v.stride(0), vhs = v.stride(1);
-  return flash_attention(
-      q, k.size(1), 0, scale, window, static_cast<float>(softcap), alibi_slopes(alibi, q.size(1)),
-      [=](int64_t h, int64_t p) { return kp + p * ks + h * khs; },
-      [=](int64_t h, int64_t p) { return vp + p * vs + h * vhs; });
+  const int64_t kvh = k.size(1);
+  std::vector<KvRows> k_rows, v_rows;
+  for (int64_t h = 0; h < kvh; ++h) {  // token p of head h is "slot" p of rows of stride(0)
+    k_rows.push_back({reinterpret_cast<const uint8_t*>(k.data_ptr<float>() + h * k.stride(1)),
+                      4 * k.stride(0), kKvF32, 1.f});
+    v_rows.push_back({reinterpret_cast<const uint8_t*>(v.data_ptr<float>() + h * v.stride(1)),
+                      4 * v.stride(0), kKvF32, 1.f});
+  }
+  return flash_attention(q, kvh, 0, scale, window, static_cast<float>(softcap),
+                         alibi_slopes(alibi, q.size(1)), k_rows, v_rows,
+                         [](int64_t p) { return p; });
 }
 
-// A row whose earlier keys are cached (a later prefill chunk, a prefix-cache hit): q [n, H, D] at
-// positions start.., every key p < start + n already in the caches [KVH, S, D] at slot
+// A row whose earlier keys are cached (a later prefill chunk, a prefix-cache hit, or a narrow
+// cache's fresh prompt): q [n, H, D] at positions start.., every key p < start + n already in the
+// caches [KVH, S, row] (any format; k_scale / v_scale the layer's) at slot
 // block_table[p / block_size] * block_size + p % block_size (block_table [W] int64).
 at::Tensor prefill_attention_paged(const at::Tensor& q, const at::Tensor& k_cache,
                                    const at::Tensor& v_cache, const at::Tensor& block_table,
                                    int64_t start, int64_t block_size, double scale,
                                    int64_t window, double softcap,
-                                   const std::optional<at::Tensor>& alibi) {
+                                   const std::optional<at::Tensor>& alibi, double k_scale,
+                                   double v_scale) {
   check_f32(q, "q");
-  check_f32(k_cache, "k_cache");
-  check_f32(v_cache, "v_cache");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.size(2) == q.size(2) && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous(),
-              "q [n, H, D] and contiguous caches [KVH, S, D] expected");
+  check_caches(k_cache, v_cache);
+  TORCH_CHECK(q.dim() == 3 && kv_head_dim(k_cache) == q.size(2),
+              "q [n, H, D] and caches [KVH, S, row] of head_dim D expected");
   TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 1 &&
                   block_table.is_contiguous() && block_size > 0 && start >= 0,
               "bad block table");
-  const int64_t num_slots = k_cache.size(1), d = q.size(2), end = start + q.size(0);
+  const int64_t num_slots = k_cache.size(1), end = start + q.size(0);
   const int64_t* table = block_table.data_ptr<int64_t>();
   TORCH_CHECK(end <= block_table.numel() * block_size, "the block table does not cover the row");
-  for (int64_t i = 0; i < (end + block_size - 1) / block_size; ++i) {
+  const int64_t first_needed = window > 0 ? std::max<int64_t>(0, start - window + 1) : 0;
+  for (int64_t i = first_needed / block_size; i < (end + block_size - 1) / block_size; ++i) {
     TORCH_CHECK(table[i] >= 0 && (table[i] + 1) * block_size <= num_slots,
                 "block id out of range");
   }
-  const float *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
-  auto slot = [=](int64_t p) { return table[p / block_size] * block_size + p % block_size; };
+  std::vector<KvRows> k_rows, v_rows;
+  for (int64_t h = 0; h < k_cache.size(0); ++h) {
+    k_rows.push_back(kv_head_rows(k_cache, h, static_cast<float>(k_scale)));
+    v_rows.push_back(kv_head_rows(v_cache, h, static_cast<float>(v_scale)));
+  }
   return flash_attention(
       q, k_cache.size(0), start, scale, window, static_cast<float>(softcap),
-      alibi_slopes(alibi, q.size(1)),
-      [=](int64_t h, int64_t p) { return kc + (h * num_slots + slot(p)) * d; },
-      [=](int64_t h, int64_t p) { return vc + (h * num_slots + slot(p)) * d; });
+      alibi_slopes(alibi, q.size(1)), k_rows, v_rows,
+      [=](int64_t p) { return table[p / block_size] * block_size + p % block_size; });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -525,11 +451,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_layer_norm_", &add_layer_norm_, "residual += x; LayerNorm(residual) (fp32)");
   m.def("rotary_", &rotary_, "in-place RoPE, rotate-half or interleaved (fp32)", py::arg("x"),
         py::arg("cos"), py::arg("sin"), py::arg("interleaved") = false);
-  m.def("store_kv", &store_kv, "write K/V rows into the head-major paged cache (fp32)");
-  m.def("decode_attention", &decode_attention, "one-token attention over the paged cache (fp32)",
+  m.def("store_kv", &store_kv, "write K/V rows into the head-major paged cache (any format)",
+        py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+  m.def("decode_attention", &decode_attention, "one-token attention over the paged cache",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("first"), py::arg("seq_lens"), py::arg("block_size"), py::arg("scale"),
-        py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
+        py::arg("softcap") = 0.0, py::arg("alibi") = py::none(), py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0);
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused [gate | up] row (fp32)");
   m.def("gelu_and_mul", &gelu_and_mul, "gelu(gate) * up of a fused [gate | up] row (fp32)");
   m.def("gelu", &gelu, "gelu(x), exact or tanh (fp32)");
@@ -540,10 +469,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("window"),
         py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   m.def("prefill_attention_paged", &prefill_attention_paged,
-        "causal (windowed) GQA attention of prefill rows over the paged cache (fp32)",
+        "causal (windowed) GQA attention of prefill rows over the paged cache",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_table"),
         py::arg("start"), py::arg("block_size"), py::arg("scale"), py::arg("window"),
-        py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
+        py::arg("softcap") = 0.0, py::arg("alibi") = py::none(), py::arg("k_scale") = 1.0,
+        py::arg("v_scale") = 1.0);
   register_decode_stack(m);
   register_quant(m);
 }
