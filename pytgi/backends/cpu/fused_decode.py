@@ -8,6 +8,11 @@ stack then checks the model's spec against what the kernel implements: every spe
 a role, every size the kernel takes is one it reads, and every feature is either at its (Llama)
 default or listed in `SUPPORTED_FEATURES`. Anything else keeps the model on the layer-by-layer
 path, with a log line saying why.
+
+LoRA: the stack takes each adapted linear's A and packed B per adapter slot (handed over with the
+layers' tensors) and, per step, each row's adapter slot; a row's delta is computed from that row
+alone. A step whose adapters the stack does not hold in full (an adapter on a linear outside the
+stack) runs layer by layer, logged once.
 """
 
 from __future__ import annotations
@@ -89,9 +94,12 @@ def unsupported_features(spec) -> list[str]:
 class FusedDecodeStack(DecodeAccelerator):
     name = "cpu-fused-decode"
 
-    def __init__(self, stack, layer_names: list[str]):
+    def __init__(self, stack, layer_names: list[str], num_adapters: int = 0, lora_off: str = ""):
         self.stack = stack  # the compiled DecodeStack over the layers' packed weights
         self.layer_names = layer_names  # attention layer names, in layer order
+        self.num_adapters = num_adapters  # LoRA slots 1..num_adapters the stack holds
+        self.lora_off = lora_off  # why steps with adapter rows run layer by layer ("": they don't)
+        self._lora_off_logged = False
         # each layer's KV group (None: one block table for every layer), set with the caches
         self.layer_groups: list[int] | None = None
 
@@ -116,6 +124,7 @@ class FusedDecodeStack(DecodeAccelerator):
         if reasons:
             logger.info("fused decode stack off for %s: %s", spec.architecture, ", ".join(reasons))
             return None
+        num_adapters, lora_off = _lora_coverage(model, layers)
         stack = kernels.DecodeStack(
             hidden_size=spec.hidden_size,
             num_heads=spec.num_heads,
@@ -135,18 +144,33 @@ class FusedDecodeStack(DecodeAccelerator):
             windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
             rope_tables=[spec.rope_table(i) for i in range(spec.num_layers)],
             isa=quant_isa,
+            num_adapters=num_adapters,
         )
         quantized = sum(key.endswith(".codes") for _, tensors in layers for key in tensors)
         logger.info(
-            "fused decode stack on (%d layers%s)", spec.num_layers,
+            "fused decode stack on (%d layers%s%s)", spec.num_layers,
             f", {quantized} quantized linears on the {stack.isa} kernels" if quantized else "",
+            f", LoRA rows of {num_adapters} adapter(s)" if num_adapters else "",
         )  # fmt: skip
-        return cls(stack, [name for name, _ in layers])
+        if lora_off:
+            logger.info("fused decode stack: steps with adapter rows run layer by layer: %s",
+                        lora_off)  # fmt: skip
+        return cls(stack, [name for name, _ in layers], num_adapters, lora_off)
 
     def for_step(
-        self, batch: AttentionBatch, metadata, kv_caches: dict[str, KVCache]
+        self,
+        batch: AttentionBatch,
+        metadata,
+        kv_caches: dict[str, KVCache],
+        adapter_slots: torch.Tensor | None = None,
     ) -> FusedLayers | None:
         if not batch.is_decode_only:
+            return None
+        if adapter_slots is not None and self.lora_off:
+            if not self._lora_off_logged:
+                logger.info("%s: steps with adapter rows run layer by layer: %s",
+                            self.name, self.lora_off)  # fmt: skip
+                self._lora_off_logged = True
             return None
         caches = [kv_caches[name] for name in self.layer_names]
         if self.layer_groups is None or batch.num_groups == 1:
@@ -169,6 +193,20 @@ class FusedDecodeStack(DecodeAccelerator):
                 batch.block_size,
                 [k for k, _ in caches],
                 [v for _, v in caches],
+                adapter_slots,
             )
 
         return run
+
+
+def _lora_coverage(model: torch.nn.Module, layers) -> tuple[int, str]:
+    """(the adapter slots the stack takes, why adapter rows cannot run in it, or ""): every
+    adapted linear of the model must be one of the stack's (its LoRA in the layers' tensors)."""
+    adapted = [len(m.lora_adapters) for m in model.modules() if getattr(m, "lora_adapters", None)]
+    if not adapted:
+        return 0, ""
+    taken = sum(key.endswith(".a") and ".lora" in key for _, t in layers for key in t)
+    if taken != sum(adapted):
+        return 0, "LoRA adapters on linear layers outside the fused stack"
+    slots = [s for m in model.modules() for s in getattr(m, "lora_adapters", {})]
+    return max(slots), ""
