@@ -1,5 +1,8 @@
-"""The CPU decode-step accelerator: a decode-only step's whole decoder stack in one kernel call
-(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph.
+"""The CPU decode-step accelerator: a decode step's whole decoder stack in one kernel call
+(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph. It takes decode-only
+steps and steps whose every row is decode-like (a speculative verify step's k + 1 rows, a short
+continuation: each query runs as a decode row on the layer-by-layer path as well, so the stack
+runs each token as one stack row with its own visible length).
 
 The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
 layers' tensors (`CausalLM.fused_decode_layers`: fp32 packed tiles, or quantized weights in their
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+from pytgi.backends.cpu.attention import DECODE_LIKE_ROWS
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ class FusedDecodeStack(DecodeAccelerator):
         kv_caches: dict[str, KVCache],
         adapter_slots: torch.Tensor | None = None,
     ) -> FusedLayers | None:
-        if not batch.is_decode_only:
+        if not batch.is_decode_only and not _decode_like(batch):
             return None
         if adapter_slots is not None and self.lora_off:
             if not self._lora_off_logged:
@@ -173,14 +177,17 @@ class FusedDecodeStack(DecodeAccelerator):
                 self._lora_off_logged = True
             return None
         caches = [kv_caches[name] for name in self.layer_names]
+        # one stack row per token: its block table and visible length (seq_lens [T])
+        rows = None if batch.is_decode_only else _row_of_token(batch)  # None: one token per row
+        seq_lens = batch.seq_lens if rows is None else _token_seq_lens(batch, rows)
         if self.layer_groups is None or batch.num_groups == 1:
-            tables, seq_lens = metadata.decode_tables  # [B, W], [B]
-            slots, tables = [batch.slot_mapping], [tables]  # every layer's
-        else:  # each layer's KV group's slots [B] and block table [B, W]
-            seq_lens = batch.seq_lens
+            tables = metadata.decode_tables[0] if rows is None else batch.block_table[rows]
+            slots, tables = [batch.slot_mapping], [tables]  # every layer's: [T], [T, W]
+        else:  # each layer's KV group's slots [T] and block table [T, W]
             groups = [batch.group(g) for g in range(batch.num_groups)]
+            per_group = [g.block_table if rows is None else g.block_table[rows] for g in groups]
             slots = [groups[g].slot_mapping for g in self.layer_groups]
-            tables = [groups[g].block_table for g in self.layer_groups]
+            tables = [per_group[g] for g in self.layer_groups]
 
         def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
             return self.stack.forward(
@@ -197,6 +204,29 @@ class FusedDecodeStack(DecodeAccelerator):
             )
 
         return run
+
+
+def _decode_like(batch: AttentionBatch) -> bool:
+    """Whether every row's queries run as decode rows on the layer-by-layer path too (a verify
+    step's k + 1 rows, a short continuation: at most DECODE_LIKE_ROWS queries after cached keys,
+    no bidirectional span), so the stack computes what that path computes, row by row."""
+    if batch.bidirectional_spans is not None:
+        return False
+    rest = slice(batch.num_decode_rows, None)
+    num_q, start = batch.num_queries[rest], batch.start_positions[rest]
+    return bool((num_q <= DECODE_LIKE_ROWS).all() and (start > 0).all())
+
+
+def _row_of_token(batch: AttentionBatch) -> torch.Tensor:
+    """The batch row of each flat token [T] int64."""
+    return torch.repeat_interleave(torch.arange(batch.num_rows), batch.num_queries)
+
+
+def _token_seq_lens(batch: AttentionBatch, rows: torch.Tensor) -> torch.Tensor:
+    """Each token's visible length [T]: its position + 1 (its row's earlier tokens are stored
+    before attention runs, its later ones are past its length)."""
+    index = torch.arange(rows.shape[0]) - batch.query_start_loc[rows]  # query index in its row
+    return batch.start_positions[rows] + index + 1
 
 
 def _lora_coverage(model: torch.nn.Module, layers) -> tuple[int, str]:
