@@ -328,9 +328,15 @@ class DecodeAccelerator(ABC):  # noqa: B024 (every hook has a default: implement
         return None
 
     def for_step(
-        self, batch: AttentionBatch, metadata: Any, kv_caches: dict[str, KVCache]
+        self,
+        batch: AttentionBatch,
+        metadata: Any,
+        kv_caches: dict[str, KVCache],
+        adapter_slots: torch.Tensor | None = None,
     ) -> FusedLayers | None:
-        """The stack's replacement for this step, or None to run it layer by layer."""
+        """The stack's replacement for this step, or None to run it layer by layer.
+        adapter_slots [T] int64: each row's LoRA adapter slot (0: base), None when no row has one;
+        an accelerator that does not apply LoRA deltas must decline a step that has them."""
         return None
 
 

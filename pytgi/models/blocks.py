@@ -38,6 +38,7 @@ from pytgi.layers.linear import (
 from pytgi.layers.moe.block import SparseMoeBlock
 from pytgi.layers.norm import LayerNorm, RMSNorm
 from pytgi.layers.quantization.base import QuantConfig
+from pytgi.layers.quantization.unquantized import pack_column_tiles
 from pytgi.layers.rotary import ApplyRotary
 from pytgi.models.config import (
     ALIBI,
@@ -72,7 +73,19 @@ def _packed(linear: LinearBase, name: str) -> FusedTensors | None:
     run there (not fp32, no kernels, a format the stack lacks) or the weight is sharded."""
     if linear.tp.world_size != 1:
         return None
-    return linear.quant_method.fused_decode_tensors(linear, name)
+    tensors = linear.quant_method.fused_decode_tensors(linear, name)
+    return None if tensors is None else tensors | _lora_tensors(linear, name)
+
+
+def _lora_tensors(linear: LinearBase, name: str) -> FusedTensors:
+    """Each LoRA adapter slot s of the linear as the fused stack takes it, in fp32 whatever the
+    base weight's format: `name.lora{s}.a` A [r, in] and `name.lora{s}.b` the scaled B [out, r]
+    as column tiles [ceil(out / 16), r, 16] (the layout of the stack's fp32 weights)."""
+    tensors = {}
+    for slot, weights in linear.lora_adapters.items():
+        tensors[f"{name}.lora{slot}.a"] = weights.a.float().contiguous()
+        tensors[f"{name}.lora{slot}.b"] = pack_column_tiles(weights.b.float())
+    return tensors
 
 
 class DecoderAttention(nn.Module):

@@ -469,19 +469,20 @@ class ModelRunner:
         lora = None
         if inputs.adapter_slots is not None:
             lora = LoRABatch.from_slots(inputs.adapter_slots)
-        # the decode-step accelerators (fused CPU stack, CUDA graphs) run base weights only: a step
-        # with adapter rows runs layer by layer
-        accelerator = self.accelerator if lora is None else None
-        if accelerator is not None:
-            if any(grown) and accelerator.captures_steps:
-                self.capture_decode_steps()  # the recorded steps read the old tables
+        accelerator = self.accelerator
+        if accelerator is not None and any(grown) and accelerator.captures_steps:
+            self.capture_decode_steps()  # the recorded steps read the old tables
+        # recorded steps (CUDA graphs) run base weights only: a step with adapter rows is not
+        # replayed; the fused CPU stack takes adapter rows itself (or declines the step)
+        if accelerator is not None and lora is None:
             hidden = accelerator.run_step(inputs.input_ids, inputs.positions, inputs.attn)
             if hidden is not None:  # replayed: no metadata built, no layer run from Python
                 return hidden
         metadata = self.metadata_builder.build(inputs.attn)
         fused = None
         if accelerator is not None:
-            fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches)
+            slots = inputs.adapter_slots if lora is not None else None
+            fused = accelerator.for_step(inputs.attn, metadata, self.kv_caches, slots)
         return self._forward_with(
             inputs.input_ids, inputs.positions, metadata, fused, inputs.inputs_embeds, lora,
             inputs.cross_attention,

@@ -1,6 +1,7 @@
 """`pytgi serve --lora-adapters` through HTTP: each adapter's greedy tokens are those of
 transformers with PEFT's merged model; /info and /v1/models list the adapters; an unknown
-`adapter_id` is a 422, an unknown chat `model` serves the base model (as TGI)."""
+`adapter_id` is a 422, an unknown chat `model` serves the base model (as TGI); the decode steps
+mixing adapters run in the fused CPU decode stack."""
 
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def test_adapters_in_one_batch_match_peft(lora_server):
         assert tokens == greedy(refs[adapter_id], ids)[: len(tokens)], adapter_id
         assert len(tokens) == NEW_TOKENS or tokens[-1] == 2
     assert len({tuple(t) for t in served}) > 1
+    # the decode steps mixing adapters ran in the fused CPU decode stack, none layer by layer
+    logs = server.logs()
+    assert f"LoRA rows of {len(adapters)} adapter(s)" in logs
+    assert "adapter rows run layer by layer" not in logs
 
 
 def test_adapters_are_listed(lora_server):

@@ -10,7 +10,7 @@ import torch
 
 from pytgi import envs
 from pytgi.backends.selector import select_platform
-from pytgi.config import CacheConfig, EngineConfig, ModelConfig
+from pytgi.config import CacheConfig, EngineConfig, ModelConfig, parse_lora_adapters
 from pytgi.messages.outputs import NewRequestData, ScheduledRequest, SchedulerOutput
 from pytgi.messages.sampling_params import SamplingParams
 from pytgi.worker.model_runner import ModelRunner
@@ -23,11 +23,14 @@ def engine_config(
     implementation: str = "auto",
     quantize: str | None = None,
     quantize_activations: str | None = None,
+    lora_adapters: str | None = None,
     **cache,
 ) -> EngineConfig:
     fields = envs.model_fields()
     if quantize_activations is not None:
         fields["quantize_activations"] = quantize_activations
+    if lora_adapters is not None:  # --lora-adapters' syntax
+        fields["lora_adapters"] = parse_lora_adapters(lora_adapters)
     model = ModelConfig(
         model_id=str(model_dir), implementation=implementation, quantize=quantize, **fields
     )
@@ -40,9 +43,10 @@ def make_runner(
     implementation: str = "auto",
     quantize: str | None = None,
     quantize_activations: str | None = None,
+    lora_adapters: str | None = None,
 ) -> ModelRunner:
     """On the platform PYTGI_CPU_KERNELS / PYTGI_FUSED_DECODE ask for (both on by default)."""
-    config = engine_config(model_dir, implementation, quantize, quantize_activations)
+    config = engine_config(model_dir, implementation, quantize, quantize_activations, lora_adapters)
     runner = ModelRunner(config, select_platform(envs.device_config()))
     runner.load_model(model_dir)
     runner.allocate_kv_cache(num_blocks)
@@ -115,12 +119,13 @@ def scheduled(
     sample: bool = True,
     num_prompt: int | None = None,
     prefill_logprobs: bool = False,
+    adapter_id: str | None = None,
 ) -> tuple[NewRequestData, ScheduledRequest]:
     """Run token_ids[start:end] of a sequence whose first num_prompt tokens are the prompt. The
     request is sent whole each time (its worker state replaced), so tests need not track what the
     runner has seen."""
     num_prompt = len(token_ids) if num_prompt is None else num_prompt
-    new = NewRequestData(request_id, token_ids[:num_prompt], SamplingParams())
+    new = NewRequestData(request_id, token_ids[:num_prompt], SamplingParams(), adapter_id)
     return new, ScheduledRequest(
         request_id=request_id,
         start_pos=start,

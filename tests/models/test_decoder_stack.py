@@ -71,8 +71,8 @@ def counting_runs(runner, monkeypatch) -> list:
     """Record every step the accelerator takes."""
     runs, for_step = [], runner.accelerator.for_step
 
-    def counted(batch, metadata, kv_caches):
-        fused = for_step(batch, metadata, kv_caches)
+    def counted(*args):
+        fused = for_step(*args)
         runs.append(fused is not None)
         return fused
 
@@ -140,7 +140,49 @@ def test_prefill_steps_stay_layer_by_layer(tiny_model_factory):
     runner.forward(
         step(scheduled("a", a, 12, 13, a_blocks, num_prompt=12), scheduled("b", b, 0, 5, b_blocks))
     )
-    assert runs == [False, False]  # a prompt, then a decode row mixed with a prompt
+    assert runs == [False, False]  # a prompt, then a decode row mixed with a fresh prompt
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3"])
+def test_verify_steps_run_fused_as_decode_rows(arch, tiny_model_factory, monkeypatch):
+    """A speculative verify step (each request's last token and 3 more, k + 1 = 4 queries after
+    cached keys) runs in the stack: it equals the layer-by-layer path within fp32 tolerance, and
+    each request's last row is bit for bit what 4 decode steps give (row invariance), past the
+    sliding windows (mistral) and with per-layer KV groups (gemma3)."""
+    runner = make_runner(tiny_model_factory(arch))
+    seqs = prefilled(runner)
+    more = {rid: prompt(3, seed=70 + i) for i, rid in enumerate(seqs)}
+
+    def continuation(done: int, num: int):  # tokens [len(ids) - 1 + done, ... + num) of each
+        return step(
+            *(
+                scheduled(
+                    rid,
+                    ids + more[rid],
+                    len(ids) - 1 + done,
+                    len(ids) - 1 + done + num,
+                    table,
+                    num_prompt=n,
+                )  # fmt: skip
+                for rid, (ids, table, n) in seqs.items()
+            )
+        )
+
+    torch.set_num_threads(2)
+    try:
+        runs, accelerator = counting_runs(runner, monkeypatch), runner.accelerator
+        runner.accelerator = None
+        reference = runner.forward(continuation(0, 4))  # [9, V]: each request's last row
+        runner.accelerator = accelerator
+        verify = runner.forward(continuation(0, 4))
+        assert runs == [True], "the verify step did not run fused"
+        assert (verify - reference).abs().max().item() <= 1e-5
+        for done in range(4):
+            decoded = runner.forward(continuation(done, 1))
+        assert runs == [True] * 5
+        assert torch.equal(decoded, verify)
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_fused_stack_rejects_bad_metadata(runner):

@@ -4,12 +4,23 @@ transformers with PEFT's merged model for each adapter (identical greedy tokens,
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 from fixtures.lora_adapters import ADAPTERS, make_adapter, merged_model
-from models.runner_utils import hf_greedy_logprobs, load_hf, prompt
+from models.runner_utils import (
+    BlockAllocator,
+    hf_greedy_logprobs,
+    load_hf,
+    make_runner,
+    prompt,
+    scheduled,
+    step,
+)
 
+from pytgi.backends.cpu.fused_decode import FusedDecodeStack
+from pytgi.backends.cpu.kernels import load_cpu_kernels
 from pytgi.config import LoRAAdapter, parse_lora_adapters
 from pytgi.errors import ConfigError, ModelLoadError
 from pytgi.runtime.llm import LLM
@@ -90,6 +101,161 @@ def test_quantized_base_with_adapter(lora_dirs):
         assert adapted.token_ids != plain.token_ids
     finally:
         llm.close()
+
+
+# (adapter, prompt length) per row of the decode steps below: base rows and every adapter, one
+# adapter twice, 8 rows (past the stack's 6-row register block)
+DECODE_ROWS = [(None, 5), ("all-r4", 9), ("qv-rslora", 3), ("patterns", 17), ("all-r4", 12),
+               (None, 20), ("patterns", 2), ("qv-rslora", 7)]  # fmt: skip
+
+
+def lora_runner(lora_dirs, **options):
+    base, adapters = lora_dirs
+    spec = ",".join(f"{k}={d}" for k, d in adapters.items())
+    runner = make_runner(base, lora_adapters=spec, **options)
+    assert runner.accelerator is not None, "the fused decode stack is off"
+    assert runner.accelerator.num_adapters == len(adapters)
+    return runner
+
+
+def prefilled(runner, rows=DECODE_ROWS):
+    """Each row's prompt prefilled (one step, layer by layer) plus its greedy token:
+    request id -> (token ids, block ids, prompt length, adapter)."""
+    blocks = BlockAllocator()
+    seqs = {
+        f"r{i}": (prompt(n, seed=40 + i), blocks.take(n + 8), n, a) for i, (a, n) in enumerate(rows)
+    }
+    logits = runner.forward(
+        step(
+            *(
+                scheduled(r, ids, 0, n, table, adapter_id=a)
+                for r, (ids, table, n, a) in seqs.items()
+            )
+        )
+    )
+    return {
+        rid: (ids + [int(row.argmax())], table, n, a)
+        for (rid, (ids, table, n, a)), row in zip(seqs.items(), logits, strict=True)
+    }
+
+
+def decode_step(seqs, only=None):
+    return step(
+        *(
+            scheduled(rid, ids, len(ids) - 1, len(ids), table, num_prompt=n, adapter_id=a)
+            for rid, (ids, table, n, a) in seqs.items()
+            if only is None or rid in only
+        )
+    )
+
+
+def counting_runs(accelerator, monkeypatch) -> list[tuple[bool, bool]]:
+    """(the stack ran, the step had adapter rows) per step the accelerator is asked about."""
+    runs, for_step = [], accelerator.for_step
+
+    def counted(batch, metadata, kv_caches, adapter_slots=None):
+        fused = for_step(batch, metadata, kv_caches, adapter_slots)
+        runs.append((fused is not None, adapter_slots is not None))
+        return fused
+
+    monkeypatch.setattr(accelerator, "for_step", counted)
+    return runs
+
+
+def check_fused_adapter_rows(runner, monkeypatch, atol: float, rows=DECODE_ROWS) -> None:
+    """Decode steps with adapter rows run in the fused stack (it is asked, with the rows' slots,
+    and takes them) and equal the layer-by-layer path within fp32 tolerance."""
+    torch.set_num_threads(2)
+    seqs = prefilled(runner, rows)
+    accelerator = runner.accelerator
+    runs = counting_runs(accelerator, monkeypatch)
+    try:
+        for _ in range(3):  # the same step twice writes the same K/V to the same slots
+            runner.accelerator = None
+            reference = runner.forward(decode_step(seqs))  # layer by layer, [8, V]
+            runner.accelerator = accelerator
+            fused = runner.forward(decode_step(seqs))
+            assert runs[-1] == (True, True), "the mixed-adapter decode step did not run fused"
+            assert (fused - reference).abs().max().item() <= atol
+            assert torch.equal(fused.argmax(-1), reference.argmax(-1))
+            seqs = {
+                rid: (ids + [int(row.argmax())], table, n, a)
+                for (rid, (ids, table, n, a)), row in zip(seqs.items(), fused, strict=True)
+            }
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_fused_stack_runs_adapter_rows(lora_dirs, monkeypatch):
+    check_fused_adapter_rows(lora_runner(lora_dirs), monkeypatch, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["phi", "falcon_40b", "gemma2"])
+def test_fused_stack_adapter_rows_in_every_block_kind(
+    arch, tiny_model_factory, tmp_path, monkeypatch
+):
+    """The adapter's shrink runs where each block kind computes a linear's input: parallel (phi:
+    the MLP reads the input norm), parallel with two norms (Falcon 40B), sandwich (Gemma 2)."""
+    base = tiny_model_factory(arch)
+    adapter = make_adapter(
+        base, tmp_path / "a", seed=3, r=4, lora_alpha=8, target_modules="all-linear"
+    )
+    runner = make_runner(base, lora_adapters=f"a={adapter}")
+    assert runner.accelerator is not None and runner.accelerator.num_adapters == 1
+    rows = [(None, 5), ("a", 9), ("a", 3), (None, 17), ("a", 12), ("a", 20), (None, 2)]
+    check_fused_adapter_rows(runner, monkeypatch, 1e-5, rows)
+
+
+def test_fused_stack_adapter_rows_on_quantized_base(lora_dirs, monkeypatch):
+    """int8 base codes run with int8 activations in the stack; the LoRA deltas stay fp32."""
+    runner = lora_runner(lora_dirs, quantize="eetq", quantize_activations="int8")
+    layers = runner.model.fused_decode_layers()
+    assert all(any(k.endswith(".codes") for k in tensors) for _, tensors in layers)
+    check_fused_adapter_rows(runner, monkeypatch, atol=1e-4)
+
+
+def test_fused_stack_declines_adapters_it_does_not_hold(lora_dirs, monkeypatch, caplog):
+    """An adapted linear whose LoRA the stack was not handed (as for a linear outside it): steps
+    with adapter rows run layer by layer, the reason logged once; base-only steps stay fused."""
+    runner = lora_runner(lora_dirs)
+    layers = runner.model.fused_decode_layers()
+    layers[0][1].pop(next(k for k in layers[0][1] if ".lora" in k and k.endswith(".a")))
+    monkeypatch.setattr(runner.model, "fused_decode_layers", lambda: layers)
+    kernels = load_cpu_kernels()
+    runner.accelerator = FusedDecodeStack.for_model(runner.model, kernels)
+    assert runner.accelerator.num_adapters == 0 and runner.accelerator.lora_off
+    seqs = prefilled(runner)
+    runs = counting_runs(runner.accelerator, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="pytgi.backends.cpu.fused_decode"):
+        for _ in range(2):
+            runner.forward(decode_step(seqs))
+    assert runs == [(False, True)] * 2
+    declined = [r for r in caplog.records if "adapter rows run layer by layer" in r.message]
+    assert len(declined) == 1
+    runner.forward(decode_step(seqs, only=[rid for rid in seqs if seqs[rid][3] is None]))
+    assert runs[-1] == (True, False)
+
+
+def test_fused_stack_adapter_rows_are_row_invariant(lora_dirs):
+    """A row's logits in the fused stack do not depend on the step's other rows: base rows are
+    bit-identical with or without adapter rows beside them, adapter rows alone or mixed, on one
+    thread or two."""
+    runner = lora_runner(lora_dirs)
+    seqs = prefilled(runner)
+    torch.set_num_threads(2)
+    try:
+        mixed = runner.forward(decode_step(seqs))
+        rids = list(seqs)
+        base_rows = [rid for rid in rids if seqs[rid][3] is None]
+        alone = runner.forward(decode_step(seqs, only=base_rows))
+        assert torch.equal(alone, mixed[[rids.index(r) for r in base_rows]])
+        for rid in ("r1", "r3"):  # an adapter row alone
+            single = runner.forward(decode_step(seqs, only=[rid]))
+            assert torch.equal(single[0], mixed[rids.index(rid)])
+        torch.set_num_threads(1)
+        assert torch.equal(runner.forward(decode_step(seqs)), mixed)
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_parse_lora_adapters():

@@ -1,5 +1,8 @@
-"""The CPU decode-step accelerator: a decode-only step's whole decoder stack in one kernel call
-(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph.
+"""The CPU decode-step accelerator: a decode step's whole decoder stack in one kernel call
+(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph. It takes decode-only
+steps and steps whose every row is decode-like (a speculative verify step's k + 1 rows, a short
+continuation: each query runs as a decode row on the layer-by-layer path as well, so the stack
+runs each token as one stack row with its own visible length).
 
 The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
 layers' tensors (`CausalLM.fused_decode_layers`: fp32 packed tiles, or quantized weights in their
@@ -14,6 +17,11 @@ kernel computes (`moe_unsupported`: softmax top-k, renormalised or not, with or 
 shared expert: Mixtral, Qwen2-MoE, Qwen3-MoE) and their experts are fp32 tiles; quantized experts
 and the other rules (DeepSeek's grouped / sigmoid routing, PhiMoE's sparsemixer, Llama 4's sigmoid
 top-1, DBRX's p-norm) keep the model layer by layer.
+
+LoRA: the stack takes each adapted linear's A and packed B per adapter slot (handed over with the
+layers' tensors) and, per step, each row's adapter slot; a row's delta is computed from that row
+alone. A step whose adapters the stack does not hold in full (an adapter on a linear outside the
+stack) runs layer by layer, logged once.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 import torch
 
 from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+from pytgi.backends.cpu.attention import DECODE_LIKE_ROWS
 from pytgi.layers.moe.config import SOFTMAX_TOPK, MoEConfig
 
 logger = logging.getLogger(__name__)
@@ -130,9 +139,12 @@ def unsupported_features(spec) -> list[str]:
 class FusedDecodeStack(DecodeAccelerator):
     name = "cpu-fused-decode"
 
-    def __init__(self, stack, layer_names: list[str]):
+    def __init__(self, stack, layer_names: list[str], num_adapters: int = 0, lora_off: str = ""):
         self.stack = stack  # the compiled DecodeStack over the layers' packed weights
         self.layer_names = layer_names  # attention layer names, in layer order
+        self.num_adapters = num_adapters  # LoRA slots 1..num_adapters the stack holds
+        self.lora_off = lora_off  # why steps with adapter rows run layer by layer ("": they don't)
+        self._lora_off_logged = False
         # each layer's KV group (None: one block table for every layer), set with the caches
         self.layer_groups: list[int] | None = None
 
@@ -163,6 +175,7 @@ class FusedDecodeStack(DecodeAccelerator):
                 (name, tensors | {"moe.config": config} if "moe.gate_up" in tensors else tensors)
                 for name, tensors in layers
             ]
+        num_adapters, lora_off = _lora_coverage(model, layers)
         stack = kernels.DecodeStack(
             hidden_size=spec.hidden_size,
             num_heads=spec.num_heads,
@@ -182,28 +195,46 @@ class FusedDecodeStack(DecodeAccelerator):
             windows=[spec.sliding_window(i) or 0 for i in range(spec.num_layers)],
             rope_tables=[spec.rope_table(i) for i in range(spec.num_layers)],
             isa=quant_isa,
+            num_adapters=num_adapters,
         )
         quantized = sum(key.endswith(".codes") for _, tensors in layers for key in tensors)
         logger.info(
-            "fused decode stack on (%d layers%s)", spec.num_layers,
+            "fused decode stack on (%d layers%s%s)", spec.num_layers,
             f", {quantized} quantized linears on the {stack.isa} kernels" if quantized else "",
+            f", LoRA rows of {num_adapters} adapter(s)" if num_adapters else "",
         )  # fmt: skip
-        return cls(stack, [name for name, _ in layers])
+        if lora_off:
+            logger.info("fused decode stack: steps with adapter rows run layer by layer: %s",
+                        lora_off)  # fmt: skip
+        return cls(stack, [name for name, _ in layers], num_adapters, lora_off)
 
     def for_step(
-        self, batch: AttentionBatch, metadata, kv_caches: dict[str, KVCache]
+        self,
+        batch: AttentionBatch,
+        metadata,
+        kv_caches: dict[str, KVCache],
+        adapter_slots: torch.Tensor | None = None,
     ) -> FusedLayers | None:
-        if not batch.is_decode_only:
+        if not batch.is_decode_only and not _decode_like(batch):
+            return None
+        if adapter_slots is not None and self.lora_off:
+            if not self._lora_off_logged:
+                logger.info("%s: steps with adapter rows run layer by layer: %s",
+                            self.name, self.lora_off)  # fmt: skip
+                self._lora_off_logged = True
             return None
         caches = [kv_caches[name] for name in self.layer_names]
+        # one stack row per token: its block table and visible length (seq_lens [T])
+        rows = None if batch.is_decode_only else _row_of_token(batch)  # None: one token per row
+        seq_lens = batch.seq_lens if rows is None else _token_seq_lens(batch, rows)
         if self.layer_groups is None or batch.num_groups == 1:
-            tables, seq_lens = metadata.decode_tables  # [B, W], [B]
-            slots, tables = [batch.slot_mapping], [tables]  # every layer's
-        else:  # each layer's KV group's slots [B] and block table [B, W]
-            seq_lens = batch.seq_lens
+            tables = metadata.decode_tables[0] if rows is None else batch.block_table[rows]
+            slots, tables = [batch.slot_mapping], [tables]  # every layer's: [T], [T, W]
+        else:  # each layer's KV group's slots [T] and block table [T, W]
             groups = [batch.group(g) for g in range(batch.num_groups)]
+            per_group = [g.block_table if rows is None else g.block_table[rows] for g in groups]
             slots = [groups[g].slot_mapping for g in self.layer_groups]
-            tables = [groups[g].block_table for g in self.layer_groups]
+            tables = [per_group[g] for g in self.layer_groups]
 
         def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
             return self.stack.forward(
@@ -216,6 +247,43 @@ class FusedDecodeStack(DecodeAccelerator):
                 batch.block_size,
                 [k for k, _ in caches],
                 [v for _, v in caches],
+                adapter_slots,
             )
 
         return run
+
+
+def _decode_like(batch: AttentionBatch) -> bool:
+    """Whether every row's queries run as decode rows on the layer-by-layer path too (a verify
+    step's k + 1 rows, a short continuation: at most DECODE_LIKE_ROWS queries after cached keys,
+    no bidirectional span), so the stack computes what that path computes, row by row."""
+    if batch.bidirectional_spans is not None:
+        return False
+    rest = slice(batch.num_decode_rows, None)
+    num_q, start = batch.num_queries[rest], batch.start_positions[rest]
+    return bool((num_q <= DECODE_LIKE_ROWS).all() and (start > 0).all())
+
+
+def _row_of_token(batch: AttentionBatch) -> torch.Tensor:
+    """The batch row of each flat token [T] int64."""
+    return torch.repeat_interleave(torch.arange(batch.num_rows), batch.num_queries)
+
+
+def _token_seq_lens(batch: AttentionBatch, rows: torch.Tensor) -> torch.Tensor:
+    """Each token's visible length [T]: its position + 1 (its row's earlier tokens are stored
+    before attention runs, its later ones are past its length)."""
+    index = torch.arange(rows.shape[0]) - batch.query_start_loc[rows]  # query index in its row
+    return batch.start_positions[rows] + index + 1
+
+
+def _lora_coverage(model: torch.nn.Module, layers) -> tuple[int, str]:
+    """(the adapter slots the stack takes, why adapter rows cannot run in it, or ""): every
+    adapted linear of the model must be one of the stack's (its LoRA in the layers' tensors)."""
+    adapted = [len(m.lora_adapters) for m in model.modules() if getattr(m, "lora_adapters", None)]
+    if not adapted:
+        return 0, ""
+    taken = sum(key.endswith(".a") and ".lora" in key for _, t in layers for key in t)
+    if taken != sum(adapted):
+        return 0, "LoRA adapters on linear layers outside the fused stack"
+    slots = [s for m in model.modules() for s in getattr(m, "lora_adapters", {})]
+    return max(slots), ""

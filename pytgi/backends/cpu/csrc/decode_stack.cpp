@@ -88,14 +88,55 @@ using TensorMap = std::unordered_map<std::string, at::Tensor>;
 // How layers compose attention and MLP (models/config.py BLOCKS, in that order).
 enum Block : int64_t { kSequential = 0, kParallel = 1, kParallelTwoNorms = 2, kSandwich = 3 };
 
+// One adapter's LoRA on one linear [N, K]: A [r, K] and its scaled B packed as column tiles
+// [C, r, 16] (zero past N); r = 0: the adapter does not adapt this linear.
+struct LoraPair {
+  const float* a = nullptr;
+  const float* b = nullptr;
+  int64_t r = 0;
+};
+
 // One linear layer of the stack: fp32 packed tiles [C, K, 16] with bias [C * 16] (tiles != null),
 // or a quantized weight (quant.h) multiplied with int8 activations, bias [N]; bias may be null.
+// `lora` holds each adapter slot's pair (index 0, the base model, and unadapted slots: r = 0).
 struct Linear {
   const float* tiles = nullptr;
   const float* bias = nullptr;
   bool quantized = false;
   quant::Matrix matrix{};
+  int64_t n = 0;  // output columns
+  std::vector<LoraPair> lora;
+
+  const LoraPair* adapter(const int64_t* slots, int64_t b) const {
+    const int64_t a = slots == nullptr ? 0 : slots[b];  // past lora's end: adapts no linear
+    if (a == 0 || a >= static_cast<int64_t>(lora.size()) || lora[a].r == 0) return nullptr;
+    return &lora[slots[b]];
+  }
 };
+
+// LoRA's shrink for one row: xa[j] = x . A[j, c0:c0+len] for j < r (a slice of the input when
+// several tasks each own part of the row: their partial sums are added in the expand).
+inline void lora_shrink(const LoraPair& p, const float* x, int64_t k, int64_t c0, int64_t len,
+                        float* xa) {
+  for (int64_t j = 0; j < p.r; ++j) xa[j] = dot(x + c0, p.a + j * k + c0, len);
+}
+
+// LoRA's expand for one row and one 16-column tile t: y[0:16] += sum_j xa_j B[j, tile], with
+// xa_j the sum of `parts` partial shrinks (stride `part_stride`), added in part order. The delta
+// is summed apart from y, then added once: y = base + delta, as the layer-by-layer path adds it.
+// Only the tile's first `width` columns (those of the linear's N) are written.
+inline void lora_expand(const LoraPair& p, const float* xa, int64_t parts, int64_t part_stride,
+                        int64_t t, int64_t width, float* y) {
+  float delta[kTile] = {};
+  const float* b = p.b + t * p.r * kTile;
+  for (int64_t j = 0; j < p.r; ++j) {
+    float x = xa[j];
+    for (int64_t h = 1; h < parts; ++h) x += xa[h * part_stride + j];
+#pragma omp simd
+    for (int64_t c = 0; c < kTile; ++c) delta[c] += x * b[j * kTile + c];
+  }
+  for (int64_t c = 0; c < width; ++c) y[c] += delta[c];
+}
 
 // One decoder layer's parameters, as the layers hold them after loading; optional entries are
 // null.
@@ -159,12 +200,14 @@ class DecodeStack {
               bool layer_norm, int64_t block, int64_t activation, bool gated,
               bool rotary_interleaved, double softcap, const std::vector<TensorMap>& layers,
               const std::vector<int64_t>& windows, const std::vector<int64_t>& rope_tables,
-              const std::string& isa)
+              const std::string& isa, int64_t num_adapters)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim),
         inter_(intermediate), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)),
         multiplier_(static_cast<float>(residual_multiplier)), layer_norm_(layer_norm),
         block_(block), act_(activation), gated_(gated), interleaved_(rotary_interleaved),
-        softcap_(static_cast<float>(softcap)), kern_(&quant::select(isa)) {
+        softcap_(static_cast<float>(softcap)), kern_(&quant::select(isa)),
+        num_adapters_(num_adapters) {
+    TORCH_CHECK(num_adapters >= 0, "decode stack: negative adapter count");
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "bad head counts");
     TORCH_CHECK(layers.size() == windows.size() && layers.size() == rope_tables.size() &&
                     !layers.empty(),
@@ -186,6 +229,12 @@ class DecodeStack {
       quant_mlp_normed_ |= two_norms && l.up.quantized;
       quant_attn_ |= l.o.quantized;
       quant_act_ |= l.down.quantized;
+      for (int64_t a = 1; a <= num_adapters_; ++a) {
+        rank_qkv_ = std::max(rank_qkv_, l.qkv.lora[a].r);
+        rank_o_ = std::max(rank_o_, l.o.lora[a].r);
+        rank_up_ = std::max(rank_up_, l.up.lora[a].r);
+        rank_down_ = std::max(rank_down_, l.down.lora[a].r);
+      }
     }
     attn_quant_in_task_ = heads / kv_heads * head_dim % quant::kKBlock == 0;
   }
@@ -199,6 +248,9 @@ class DecodeStack {
   // layer's K and V cache [KVH, S, D] (passed per call: their owner frees and reallocates them).
   // `slots` and `block_tables` hold one tensor for every layer, or one per layer (a model whose
   // layers keep their K/V in separate block tables, one per KV group; S may then differ).
+  // `adapters` [B] (int64, optional): each row's LoRA adapter slot (0: the base model; a slot
+  // past num_adapters adapts none of the stack's linears); a row's delta on each linear its
+  // adapter adapts, (x A^T) B^T, is computed from that row alone, in a fixed order.
   // Returns (hidden, residual) [B, hidden] each, as the op-by-op layers leave them for the final
   // norm(hidden + residual).
   std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& hidden, const at::Tensor& cos,
@@ -207,7 +259,8 @@ class DecodeStack {
                                              const std::vector<at::Tensor>& block_tables,
                                              const at::Tensor& seq_lens, int64_t block_size,
                                              const std::vector<at::Tensor>& k_caches,
-                                             const std::vector<at::Tensor>& v_caches) const {
+                                             const std::vector<at::Tensor>& v_caches,
+                                             const std::optional<at::Tensor>& adapters) const {
     const size_t n = layers_.size();
     TORCH_CHECK((slots.size() == 1 || slots.size() == n) && block_tables.size() == slots.size(),
                 "one slot tensor and block table for every layer, or one each per layer");
@@ -252,6 +305,13 @@ class DecodeStack {
     if (quant_act_) buf.act_q = QuantRows::allocate(rows, inter_, act_q);
     std::optional<MoeScratch> moe;
     if (!moes_.empty()) buf.moe = &moe.emplace(rows, moes_.front(), hidden_, layers_.size());
+    const int64_t* adapter_slots = checked_adapters(adapters, rows);
+    if (adapter_slots != nullptr) {  // each row's shrink (o's: one partial per KV head task)
+      buf.xa_qkv = at::empty({rows, rank_qkv_}, f32);
+      buf.xa_o = at::empty({rows, kv_heads_, rank_o_}, f32);
+      buf.xa_up = at::empty({rows, rank_up_}, f32);
+      buf.xa_down = at::empty({rows, rank_down_}, f32);
+    }
     Step step{rows,
               cos.size(2),
               cos.size(1) * cos.size(2),
@@ -266,7 +326,8 @@ class DecodeStack {
               v_ptrs.data(),
               layer_slots.data(),
               residual.data_ptr<float>(),
-              out.data_ptr<float>()};
+              out.data_ptr<float>(),
+              adapter_slots};
     // the layers' phases, the last branch's, then each layer's MoE phases
     const size_t num_phases = layers_.size() * (kPhasesPerLayer + kMoePhases) + 1;
     std::unique_ptr<PhaseCounter[]> counters(new PhaseCounter[num_phases]);
@@ -285,6 +346,8 @@ class DecodeStack {
     // mlp_normed, attn and act, for the quantized layers that read them
     QuantRows normed_q, mlp_q, attn_q, act_q;
     MoeScratch* moe = nullptr;  // the MoE layers' scratch (null without MoE layers)
+    // LoRA shrinks x A^T of the adapter rows, [B, max rank] (o's [B, KVH, max rank]: partials)
+    at::Tensor xa_qkv, xa_o, xa_up, xa_down;
   };
   struct Step {
     int64_t rows, rotary_dim, table_stride;  // table t, row b: cos + t * table_stride + b * rd
@@ -296,6 +359,7 @@ class DecodeStack {
     float *const *k_caches, *const *v_caches;  // per layer, [KVH, num_slots, D]
     const int64_t* num_slots;                  // per layer
     float *residual, *out;
+    const int64_t* adapters;  // [B] each row's adapter slot, or null: no adapter row
   };
   // One layer's view of the step's cache metadata.
   struct LayerCache {
@@ -307,9 +371,13 @@ class DecodeStack {
   struct Rows {
     float *normed, *mlp_normed, *qkv, *attn, *o, *up, *act, *down;
     int64_t qkv_w, o_w, up_w, down_w;
+    float *xa_qkv, *xa_o, *xa_up, *xa_down;  // null without adapter rows
   };
 
   static int64_t tiles_for(int64_t columns) { return (columns + kTile - 1) / kTile; }
+  static float* data_or_null(const at::Tensor& t) {
+    return t.defined() ? t.data_ptr<float>() : nullptr;
+  }
 
   const float* bind_tensor(const TensorMap& m, const std::string& name,
                            std::vector<int64_t> shape, bool required) {
@@ -335,8 +403,27 @@ class DecodeStack {
   // Linear `name` of a layer [n, k]: fp32 tiles `name` [tiles, k, 16] and bias `name_bias`
   // [tiles * 16], or a quantized weight given as `name.codes`, `name.scales`, optional
   // `name.mins` / `name.table` and `name.layout` (int64 [format, n, k, scale_block]), bias
-  // `name_bias` [n]; the bias is optional.
+  // `name_bias` [n]; the bias is optional. Adapter slot a's LoRA, when it adapts the linear:
+  // `name.lora{a}.a` [r, k] and `name.lora{a}.b` [tiles, r, 16] (fp32, B scaled, whatever the
+  // base weight's format).
   Linear bind_linear(const TensorMap& m, const std::string& name, int64_t n, int64_t k) {
+    Linear lin = bind_base_linear(m, name, n, k);
+    lin.n = n;
+    lin.lora.resize(num_adapters_ + 1);
+    for (int64_t a = 1; a <= num_adapters_; ++a) {
+      const std::string key = name + ".lora" + std::to_string(a);
+      auto it = m.find(key + ".a");
+      if (it == m.end()) continue;  // this adapter leaves the linear alone
+      const int64_t r = it->second.dim() == 2 ? it->second.size(0) : -1;
+      TORCH_CHECK(r > 0, "decode stack: ", key, ".a must be [r, ", k, "]");
+      lin.lora[a] = {bind_tensor(m, key + ".a", {r, k}, true),
+                     bind_tensor(m, key + ".b", {tiles_for(n), r, kTile}, true), r};
+    }
+    return lin;
+  }
+
+  // The base weight of linear `name` (see bind_linear).
+  Linear bind_base_linear(const TensorMap& m, const std::string& name, int64_t n, int64_t k) {
     Linear lin;
     const int64_t tiles = tiles_for(n);
     if (m.count(name)) {
@@ -402,6 +489,22 @@ class DecodeStack {
     l.window = window;
     l.rope_table = rope_table;
     return l;
+  }
+
+  // The step's adapter slots [B] once checked, or null when no row uses an adapter.
+  const int64_t* checked_adapters(const std::optional<at::Tensor>& adapters, int64_t rows) const {
+    if (!adapters.has_value() || !adapters->defined()) return nullptr;
+    const at::Tensor& t = *adapters;
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous() &&
+                    t.dim() == 1 && t.numel() == rows,
+                "adapters must be an int64 CPU tensor [B]");
+    const int64_t* slots = t.data_ptr<int64_t>();
+    bool any = false;
+    for (int64_t b = 0; b < rows; ++b) {  // a slot past num_adapters_ adapts none of our linears
+      TORCH_CHECK(slots[b] >= 0, "decode stack: negative adapter slot");
+      any |= slots[b] != 0 && slots[b] <= num_adapters_;
+    }
+    return any ? slots : nullptr;
   }
 
   // Every layer's K and V caches: [kv_heads, slots, head_dim], K's and V's alike (the number of
@@ -484,9 +587,18 @@ class DecodeStack {
     if (l.qkv.quantized || (block_ == kParallel && l.up.quantized)) {
       buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
     }
+    if (const LoraPair* p = l.qkv.adapter(s.adapters, b)) {
+      lora_shrink(*p, r.normed + b * hidden_, hidden_, 0, hidden_, r.xa_qkv + b * rank_qkv_);
+    }
     if (block_ == kParallelTwoNorms) {
       norm_row(r.mlp_normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
       if (l.up.quantized) buf.mlp_q.quantize(*kern_, r.mlp_normed, hidden_, b, 0, hidden_);
+    }
+    if (block_ == kParallel || block_ == kParallelTwoNorms) {  // the MLP's input is ready too
+      if (const LoraPair* p = l.up.adapter(s.adapters, b)) {
+        const float* x = (block_ == kParallel ? r.normed : r.mlp_normed) + b * hidden_;
+        lora_shrink(*p, x, hidden_, 0, hidden_, r.xa_up + b * rank_up_);
+      }
     }
   }
 
@@ -505,6 +617,9 @@ class DecodeStack {
     for (int64_t i = 0; i < hidden_; ++i) res[i] += branch[i];
     norm_row(r.normed + b * hidden_, res, l.mlp_norm, hidden_, eps_, layer_norm_);
     if (l.up.quantized) buf.normed_q.quantize(*kern_, r.normed, hidden_, b, 0, hidden_);
+    if (const LoraPair* p = l.up.adapter(s.adapters, b)) {
+      lora_shrink(*p, r.normed + b * hidden_, hidden_, 0, hidden_, r.xa_up + b * rank_up_);
+    }
   }
 
   void run_program(const Step& s, const Buffers& buf, PhaseCounter* counter) const {
@@ -520,7 +635,11 @@ class DecodeStack {
                  qkv_tiles_ * kTile,
                  o_tiles_ * kTile,
                  up_tiles_ * kTile,
-                 down_tiles_ * kTile};
+                 down_tiles_ * kTile,
+                 data_or_null(buf.xa_qkv),
+                 data_or_null(buf.xa_o),
+                 data_or_null(buf.xa_up),
+                 data_or_null(buf.xa_down)};
     AttendScratch scratch;  // this thread's
     std::vector<float> branch(hd);
     const bool mlp_after_o = block_ == kSequential || block_ == kSandwich;
@@ -530,19 +649,28 @@ class DecodeStack {
     const QuantRows& mlp_in_q = two_norms ? buf.mlp_q : buf.normed_q;
     const int64_t group = heads_ / kv_heads_;
     // Task t of a linear [n, k]: output columns [16 t, 16 t + 16) of every row, from x (fp32
-    // tiles) or its int8 copy xq (a quantized weight: 8-column groups 2 t and 2 t + 1).
+    // tiles) or its int8 copy xq (a quantized weight: 8-column groups 2 t and 2 t + 1); then the
+    // LoRA expand of each adapter row from its shrink xa (row stride xa_s, in `parts` partials).
     auto linear = [&](const Linear& lin, const float* x, int64_t k, const QuantRows& xq, float* y,
-                      int64_t ys) {
-      return [&, x, k, y, ys](int64_t t) {
+                      int64_t ys, const float* xa, int64_t xa_s, int64_t parts = 1) {
+      return [&, x, k, y, ys, xa, xa_s, parts](int64_t t) {
         if (!lin.quantized) {
           packed_tile(rows, x, k, lin.tiles + t * k * kTile, kTile, k, y + t * kTile, ys,
                       lin.bias ? lin.bias + t * kTile : nullptr);
-          return;
+        } else {
+          const int64_t g0 = 2 * t, g1 = std::min(g0 + 2, (lin.matrix.n + 7) / quant::kGroup);
+          for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowChunk) {
+            const int64_t chunk = std::min(kQuantRowChunk, rows - r0);
+            kern_->gemm_i8(lin.matrix, xq.rows_from(r0), chunk, g0, g1, y + r0 * ys, ys,
+                           lin.bias);
+          }
         }
-        const int64_t g0 = 2 * t, g1 = std::min(g0 + 2, (lin.matrix.n + 7) / quant::kGroup);
-        for (int64_t r0 = 0; r0 < rows; r0 += kQuantRowChunk) {
-          const int64_t chunk = std::min(kQuantRowChunk, rows - r0);
-          kern_->gemm_i8(lin.matrix, xq.rows_from(r0), chunk, g0, g1, y + r0 * ys, ys, lin.bias);
+        if (s.adapters == nullptr) return;
+        const int64_t width = std::min(kTile, lin.n - t * kTile);
+        for (int64_t b = 0; b < rows; ++b) {
+          if (const LoraPair* p = lin.adapter(s.adapters, b)) {
+            lora_expand(*p, xa + b * xa_s, parts, xa_s / parts, t, width, y + b * ys + t * kTile);
+          }
         }
       };
     };
@@ -555,7 +683,8 @@ class DecodeStack {
       PhaseCounter* c = counter + li * kPhasesPerLayer;
       const bool attn_q_in_task = l.o.quantized && attn_quant_in_task_;
       run_phase(c[0], rows, [&](int64_t b) { pre_attention_row(l, prev, s, r, buf, b, branch); });
-      run_phase(c[1], qkv_tiles_, linear(l.qkv, r.normed, hd, buf.normed_q, r.qkv, r.qkv_w));
+      run_phase(c[1], qkv_tiles_,
+                linear(l.qkv, r.normed, hd, buf.normed_q, r.qkv, r.qkv_w, r.xa_qkv, rank_qkv_));
       run_phase(c[2], rows, [&](int64_t b) {
         rope_and_store(l, s, lc, r.qkv + b * r.qkv_w, b);
       });
@@ -565,11 +694,16 @@ class DecodeStack {
         if (attn_q_in_task) {
           buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, h * group * d, group * d);
         }
+        if (const LoraPair* p = l.o.adapter(s.adapters, b)) {  // this task's slice of o's shrink
+          lora_shrink(*p, r.attn + b * heads_ * d, heads_ * d, h * group * d, group * d,
+                      r.xa_o + (b * kv_heads_ + h) * rank_o_);
+        }
       });
       run_phase(c[4], l.o.quantized && !attn_q_in_task ? rows : 0, [&](int64_t b) {
         buf.attn_q.quantize(*kern_, r.attn, heads_ * d, b, 0, heads_ * d);
       });
-      run_phase(c[5], o_tiles_, linear(l.o, r.attn, heads_ * d, buf.attn_q, r.o, r.o_w));
+      run_phase(c[5], o_tiles_, linear(l.o, r.attn, heads_ * d, buf.attn_q, r.o, r.o_w, r.xa_o,
+                                       kv_heads_ * rank_o_, kv_heads_));
       run_phase(c[6], mlp_after_o ? rows : 0,
                 [&](int64_t b) { pre_mlp_row(l, s, r, buf, b, branch); });
       if (l.moe >= 0) {
@@ -578,13 +712,18 @@ class DecodeStack {
                     [&](int p, int64_t n, const auto& task) { run_phase(mc[p], n, task); });
         continue;
       }
-      run_phase(c[7], up_tiles_, linear(l.up, mlp_in, hd, mlp_in_q, r.up, r.up_w));
+      run_phase(c[7], up_tiles_,
+                linear(l.up, mlp_in, hd, mlp_in_q, r.up, r.up_w, r.xa_up, rank_up_));
       run_phase(c[8], rows, [&](int64_t b) {
         const float* x = r.up + b * r.up_w;
         act_row(r.act + b * inter_, x, gated_ ? x + inter_ : nullptr, inter_, act_);
         if (l.down.quantized) buf.act_q.quantize(*kern_, r.act, inter_, b, 0, inter_);
+        if (const LoraPair* p = l.down.adapter(s.adapters, b)) {
+          lora_shrink(*p, r.act + b * inter_, inter_, 0, inter_, r.xa_down + b * rank_down_);
+        }
       });
-      run_phase(c[9], down_tiles_, linear(l.down, r.act, inter_, buf.act_q, r.down, r.down_w));
+      run_phase(c[9], down_tiles_, linear(l.down, r.act, inter_, buf.act_q, r.down, r.down_w,
+                                          r.xa_down, rank_down_));
     }
     run_phase(counter[layers_.size() * kPhasesPerLayer], rows, [&](int64_t b) {
       branch_row(layers_.back(), r, b, s.out + b * hd);
@@ -632,6 +771,9 @@ class DecodeStack {
   bool gated_, interleaved_;
   float softcap_;
   const quant::Kernels* kern_;  // the quantized layers' kernel table, chosen once
+  int64_t num_adapters_;         // LoRA adapter slots 1..num_adapters_ (0: the base model)
+  // the largest LoRA rank on each linear, over layers and adapters (shrink buffer widths)
+  int64_t rank_qkv_ = 0, rank_o_ = 0, rank_up_ = 0, rank_down_ = 0;
   // which int8 row copies some layer needs
   bool quant_normed_ = false, quant_mlp_normed_ = false, quant_attn_ = false, quant_act_ = false;
   bool attn_quant_in_task_ = false;  // a KV head's query heads span whole 32-wide blocks
@@ -648,16 +790,17 @@ void register_decode_stack(pybind11::module& m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double, bool,
                     int64_t, int64_t, bool, bool, double, const std::vector<TensorMap>&,
                     const std::vector<int64_t>&, const std::vector<int64_t>&,
-                    const std::string&>(),
+                    const std::string&, int64_t>(),
            py::arg("hidden_size"), py::arg("num_heads"), py::arg("num_kv_heads"),
            py::arg("head_dim"), py::arg("intermediate_size"), py::arg("eps"), py::arg("scale"),
            py::arg("residual_multiplier"), py::arg("layer_norm"), py::arg("block"),
            py::arg("activation"), py::arg("gated"), py::arg("rotary_interleaved"),
            py::arg("softcap"), py::arg("layers"), py::arg("windows"), py::arg("rope_tables"),
-           py::arg("isa") = "auto")
+           py::arg("isa") = "auto", py::arg("num_adapters") = 0)
       .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
-           py::arg("k_caches"), py::arg("v_caches"), py::call_guard<py::gil_scoped_release>())
+           py::arg("k_caches"), py::arg("v_caches"), py::arg("adapters") = py::none(),
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("isa", &DecodeStack::isa);
 }
 
