@@ -18,7 +18,9 @@ PROMPTS = ["And God said unto Moses, ", "In the beginning God created", "The LOR
 @pytest.fixture(scope="module")
 def speculating_server(demo_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("speculate") / "server.log"
-    server = ServerProcess(demo_model_dir, "--speculate", "4", log_path=log)
+    server = ServerProcess(
+        demo_model_dir, "--speculate", "4", "--speculation-policy", "always", log_path=log
+    )
     try:
         server.wait_healthy()
         yield server

@@ -1,0 +1,208 @@
+"""When speculation pays: each step, which requests verify their drafts (and, with a trained
+speculator, which ones the workers should draft for the next step). Plain data; the engine feeds
+it the wall time of every step and the scheduler the drafts each request had accepted.
+
+TGI verifies drafts in every step. pytgi's default (`adaptive`) drafts only when the measured
+numbers say it gains tokens per second (docs/SPECULATION.md, docs/TGI_COMPATIBILITY.md);
+`always` is TGI's behaviour. Outputs never depend on the choice: a verify row computes what a
+decode row computes, and seeded draws are keyed by the output index.
+
+Measured quantities, all decaying averages:
+- a_r: per request, draft tokens accepted per draft token verified (new requests start at the
+  global average, or at 1 before any draft was verified);
+- per batch-size bucket: T_d, the time of a step of B one-token decodes (no drafts, nothing
+  proposed), and T_v with D/B, the time of a step verifying D drafts over B requests.
+
+Cost model: a verify step with D drafts over B requests costs T_d (1 + kappa D / B), kappa fitted
+at the measured point: kappa = (T_v / T_d - 1) / (D / B). Drafting the set S gives B + sum a_r d_r
+tokens per step, so in tokens per T_d the rate is R(S) = (B + sum a_r d_r) / (1 + kappa sum d_r /
+B); a request raises the rate exactly when a_r > kappa R(S) / B. Requests are taken in order of
+a_r while that holds (none taken: R = B, plain decode).
+
+Probing keeps the numbers fresh: every `interval` steps the opposite of the current regime runs
+once (a drafting step while skipping, a plain step while drafting); the interval doubles (up to
+MAX_PROBE_INTERVAL) while probes do not change the regime, and drops back when one does. A bucket
+with no decode time measured runs a plain step first; one with no verify time, a drafting step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytgi.messages.outputs import SchedulerOutput
+
+POLICIES = ("adaptive", "always")
+ACCEPTANCE_DECAY = 0.3  # weight of a request's newest verify step in its a_r, per step since
+STALE_WEIGHT = 0.5  # ... up to this after a pause (a probe sees what changed meanwhile)
+GLOBAL_DECAY = 0.05  # weight of one request-step in the global acceptance prior
+COST_DECAY = 0.2  # weight of the newest step time in T_d / T_v
+MIN_PROBE_INTERVAL = 8
+MAX_PROBE_INTERVAL = 256
+
+
+def batch_bucket(num_requests: int) -> int:
+    """1, 2, 3, 4, then the next power of two: step costs are kept per bucket."""
+    if num_requests <= 4:
+        return num_requests
+    return 1 << (num_requests - 1).bit_length()
+
+
+def _decay(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else old + weight * (new - old)
+
+
+@dataclass
+class StepCosts:
+    decode_s: float | None = None  # T_d
+    verify_s: float | None = None  # T_v
+    drafts_per_request: float | None = None  # D / B of the verify steps
+
+    def kappa(self) -> float | None:
+        """Extra verify cost per draft token per request, in units of T_d (None: unmeasured)."""
+        if self.decode_s is None or self.verify_s is None or not self.drafts_per_request:
+            return None
+        return max(self.verify_s / self.decode_s - 1.0, 0.0) / self.drafts_per_request
+
+
+class SpeculationPolicy:
+    def __init__(self, num_speculative_tokens: int, policy: str = "adaptive"):
+        self.k = num_speculative_tokens
+        self.always = policy == "always"
+        self.acceptance: dict[str, float] = {}  # a_r
+        self.last_verified: dict[str, int] = {}  # the step a_r was last updated at
+        self.global_acceptance: float | None = None
+        self.costs: dict[int, StepCosts] = {}
+        self.step = 0
+        self.probe_interval = MIN_PROBE_INTERVAL
+        self.next_probe = MIN_PROBE_INTERVAL
+        self.drafting = True  # the regime of the last non-probe decision
+        self._draft_now: set[str] = set()
+        self._propose_next: set[str] = set()
+        # /metrics: steps with decoding requests where drafts were verified / where none were
+        self.num_steps_drafted = 0
+        self.num_steps_skipped = 0
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def begin_step(self, decoding: list[tuple[str, int]]) -> None:
+        """Decide this step: `decoding` lists (request id, drafts it has) for the running
+        requests; afterwards `drafts(id)` and `propose(id)` answer for each."""
+        self.step += 1
+        ids = [rid for rid, _ in decoding]
+        if self.always:
+            self._draft_now = set(ids)
+            self._propose_next = set(ids)
+            self._count(decoding)
+            return
+        num = len(decoding)
+        costs = self.costs.get(batch_bucket(num), StepCosts())
+        if self.step == self.next_probe:  # the opposite regime, once
+            was_drafting = self.drafting
+            self._end_probe(num, costs, decoding)
+            self._draft_now = set() if was_drafting else set(ids)
+            # a plain probe proposes nothing either, so its time is the decode cost
+            self._propose_next = set() if was_drafting else self._plan_proposals(num, costs, ids)
+        else:
+            if costs.decode_s is None:
+                self._draft_now = set()  # measure a plain step first
+            elif costs.verify_s is None:
+                self._draft_now = set(ids)  # then a verifying one
+            else:
+                self._draft_now = self._select(num, costs.kappa(), decoding)
+                if any(d for _, d in decoding):
+                    self.drafting = bool(self._draft_now)
+            self._propose_next = self._plan_proposals(num, costs, ids)
+        self._count(decoding)
+
+    def _end_probe(self, num: int, costs: StepCosts, decoding: list[tuple[str, int]]) -> None:
+        """A probe step: the regime the current numbers choose decides the next interval."""
+        kappa = costs.kappa()
+        if kappa is not None:
+            drafting = bool(self._select(num, kappa, [(r, self.k) for r, _ in decoding]))
+            changed = drafting != self.drafting
+            self.drafting = drafting
+            grown = min(self.probe_interval * 2, MAX_PROBE_INTERVAL)
+            self.probe_interval = MIN_PROBE_INTERVAL if changed else grown
+        self.next_probe = self.step + self.probe_interval
+
+    def _plan_proposals(self, num: int, costs: StepCosts, ids: list[str]) -> set[str]:
+        """Which requests the trained speculator drafts for the next step (its proposals cost a
+        pass of its heads, so none are made for a step that will not verify them)."""
+        if self.step + 1 == self.next_probe:
+            return set() if self.drafting else set(ids)
+        if costs.decode_s is None:
+            return set()
+        if costs.verify_s is None:
+            return set(ids)
+        return self._select(num, costs.kappa(), [(r, self.k) for r in ids])
+
+    def _select(self, num: int, kappa: float | None, candidates: list[tuple[str, int]]) -> set:
+        """The requests whose drafts raise tokens per second, best acceptance first."""
+        if kappa is None or num == 0:
+            return {r for r, d in candidates if d}
+        ranked = sorted(
+            ((self._acceptance(r), r, d) for r, d in candidates if d), key=lambda x: -x[0]
+        )
+        gained = drafted = 0.0
+        chosen = set()
+        for accept, rid, num_drafts in ranked:
+            rate = (num + gained) / (1.0 + kappa * drafted / num)
+            if accept <= kappa * rate / num:
+                break
+            chosen.add(rid)
+            gained += accept * num_drafts
+            drafted += num_drafts
+        return chosen
+
+    def _acceptance(self, request_id: str) -> float:
+        prior = 1.0 if self.global_acceptance is None else self.global_acceptance
+        return self.acceptance.get(request_id, prior)
+
+    def _count(self, decoding: list[tuple[str, int]]) -> None:
+        if not decoding:
+            return
+        if any(d and rid in self._draft_now for rid, d in decoding):
+            self.num_steps_drafted += 1
+        else:
+            self.num_steps_skipped += 1
+
+    def drafts(self, request_id: str) -> bool:
+        """Whether the request verifies its drafts in this step."""
+        return request_id in self._draft_now
+
+    def propose(self, request_id: str) -> bool:
+        """Whether the workers' speculator should draft for the request's next step."""
+        return request_id in self._propose_next
+
+    # -- measurements ------------------------------------------------------------------------
+
+    def record_acceptance(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts == 0:
+            return
+        sample = num_accepted / num_drafts
+        # the estimate decays per step, so a probe after a pause weighs more than one sample
+        # of a run of verify steps
+        since = self.step - self.last_verified.get(request_id, self.step - 1)
+        weight = min(1.0 - (1.0 - ACCEPTANCE_DECAY) ** since, max(STALE_WEIGHT, ACCEPTANCE_DECAY))
+        self.acceptance[request_id] = _decay(self.acceptance.get(request_id), sample, weight)
+        self.last_verified[request_id] = self.step
+        self.global_acceptance = _decay(self.global_acceptance, sample, GLOBAL_DECAY)
+
+    def record_step(self, output: SchedulerOutput, elapsed_s: float) -> None:
+        """Time one step; only steps of one-token decodes (with or without drafts) count, and a
+        plain step counts only when it proposed nothing (its cost is then the decode cost)."""
+        requests = output.requests
+        if not requests or not all(r.num_tokens == 1 and r.sample for r in requests):
+            return
+        costs = self.costs.setdefault(batch_bucket(len(requests)), StepCosts())
+        num_drafts = sum(len(r.draft_ids) for r in requests)
+        if num_drafts:
+            costs.verify_s = _decay(costs.verify_s, elapsed_s, COST_DECAY)
+            per_request = num_drafts / len(requests)
+            costs.drafts_per_request = _decay(costs.drafts_per_request, per_request, COST_DECAY)
+        elif not any(r.propose_drafts for r in requests):
+            costs.decode_s = _decay(costs.decode_s, elapsed_s, COST_DECAY)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.pop(request_id, None)
+        self.last_verified.pop(request_id, None)
