@@ -67,7 +67,9 @@ class Scheduler:
         ngram = config.num_speculative_tokens and not config.model_drafts
         self.proposer = NgramProposer(config.num_speculative_tokens) if ngram else None
         self.policy = (
-            SpeculationPolicy(config.num_speculative_tokens, config.speculation_policy)
+            SpeculationPolicy(
+                config.num_speculative_tokens, config.speculation_policy, config.model_drafts
+            )
             if config.num_speculative_tokens
             else None
         )

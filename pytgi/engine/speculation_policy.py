@@ -65,8 +65,11 @@ class StepCosts:
 
 
 class SpeculationPolicy:
-    def __init__(self, num_speculative_tokens: int, policy: str = "adaptive"):
+    def __init__(
+        self, num_speculative_tokens: int, policy: str = "adaptive", model_drafts: bool = False
+    ):
         self.k = num_speculative_tokens
+        self.model_drafts = model_drafts  # drafts exist only where proposals were asked for
         self.always = policy == "always"
         self.acceptance: dict[str, float] = {}  # a_r
         self.last_verified: dict[str, int] = {}  # the step a_r was last updated at
@@ -78,7 +81,11 @@ class SpeculationPolicy:
         self.drafting = True  # the regime of the last non-probe decision
         self._draft_now: set[str] = set()
         self._propose_next: set[str] = set()
-        # /metrics: steps with decoding requests where drafts were verified / where none were
+        self._withheld: set[str] = set()
+        self._decided: set[str] = set()  # the requests of the last begin_step
+        self._propose_new = True  # for requests admitted after it (their first token's step)
+        # /metrics: steps where drafts were verified / where drafts were there (or, from a
+        # trained speculator, could have been asked for) and none were
         self.num_steps_drafted = 0
         self.num_steps_skipped = 0
 
@@ -89,6 +96,9 @@ class SpeculationPolicy:
         requests; afterwards `drafts(id)` and `propose(id)` answer for each."""
         self.step += 1
         ids = [rid for rid, _ in decoding]
+        # requests whose proposals were withheld last step (a trained speculator's: no drafts)
+        self._withheld = {r for r in ids if not self.propose(r)} if self.model_drafts else set()
+        self._decided = set(ids)
         if self.always:
             self._draft_now = set(ids)
             self._propose_next = set(ids)
@@ -96,6 +106,7 @@ class SpeculationPolicy:
             return
         num = len(decoding)
         costs = self.costs.get(batch_bucket(num), StepCosts())
+        self._propose_new = self.drafting and costs.decode_s is not None
         if self.step == self.next_probe:  # the opposite regime, once
             was_drafting = self.drafting
             self._end_probe(num, costs, decoding)
@@ -159,11 +170,9 @@ class SpeculationPolicy:
         return self.acceptance.get(request_id, prior)
 
     def _count(self, decoding: list[tuple[str, int]]) -> None:
-        if not decoding:
-            return
         if any(d and rid in self._draft_now for rid, d in decoding):
             self.num_steps_drafted += 1
-        else:
+        elif any(d or rid in self._withheld for rid, d in decoding):
             self.num_steps_skipped += 1
 
     def drafts(self, request_id: str) -> bool:
@@ -171,7 +180,10 @@ class SpeculationPolicy:
         return request_id in self._draft_now
 
     def propose(self, request_id: str) -> bool:
-        """Whether the workers' speculator should draft for the request's next step."""
+        """Whether the workers' speculator should draft for the request's next step (one
+        admitted in this step: as the current regime)."""
+        if request_id not in self._decided:
+            return self._propose_new
         return request_id in self._propose_next
 
     # -- measurements ------------------------------------------------------------------------
