@@ -9,10 +9,12 @@ from the row's final hidden state (RMS-normed and scaled by 1/sqrt(2): `scale_in
 token the row chose. Training feeds the true tokens (teacher forcing, as IBM trains it); serving
 feeds the chain's own guesses, which are the true tokens for as long as the chain is accepted.
 
-inner_dim = emb_dim, so emb and head start as the base model's input embeddings and LM head and
-the projections as identities. The softmax runs over the tokens of the training data (as the
-Medusa training does): only those rows of emb and head are trained; the written head keeps zeros
-elsewhere (a logit of 0, below a trained token's) and emb the base model's rows.
+inner_dim = emb_dim, so emb and head start as the base model's input embeddings and LM head
+(scaled so the first logits have a standard deviation of 1) and the projections as identities.
+The softmax runs over the tokens of the training data (as the Medusa training does): only those
+rows of emb and head are trained; the written head keeps zeros elsewhere (a logit of 0: the
+held-out evaluation, over the whole vocabulary, counts any such token that wins) and emb the base
+model's rows.
 """
 
 from __future__ import annotations
@@ -71,13 +73,17 @@ def train_mlp(hidden, targets, inputs, embed, lm_head, args) -> dict[str, torch.
     index = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
     index[vocab] = torch.arange(len(vocab))
     chain = Chain(args.heads, not args.untied, embed, lm_head, vocab)
+    sub_inputs = index[inputs.clamp(min=0)].clamp(min=0)  # past the end: masked out below
+    with torch.no_grad():  # the LM head's rows on the chain's GELU states: logits of std 1
+        (first, *_) = chain(hidden[: args.batch], sub_inputs[: args.batch])
+        for head in chain.head.values():
+            head /= first.std()
     optimizer = torch.optim.AdamW(chain.parameters(), lr=args.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed)
     steps = args.epochs * ((len(hidden) + args.batch - 1) // args.batch)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, args.lr, total_steps=steps, pct_start=0.1
     )
-    sub_inputs = index[inputs.clamp(min=0)].clamp(min=0)  # past the end: masked out below
     for epoch in range(args.epochs):
         order = torch.randperm(len(hidden), generator=g)
         total = 0.0
