@@ -8,8 +8,9 @@ numbers say it gains tokens per second (docs/SPECULATION.md, docs/TGI_COMPATIBIL
 decode row computes, and seeded draws are keyed by the output index.
 
 Measured quantities, all decaying averages:
-- a_r: per request, draft tokens accepted per draft token verified (new requests start at the
-  global average, or at 1 before any draft was verified);
+- a_r: per request, draft tokens accepted per draft token verified (a new sample weighs more
+  after a pause, up to STALE_WEIGHT; new requests start at the global average, or at 1 before
+  any draft was verified);
 - per batch-size bucket: T_d, the time of a step of B one-token decodes (no drafts, nothing
   proposed), and T_v with D/B, the time of a step verifying D drafts over B requests.
 
@@ -21,8 +22,10 @@ a_r while that holds (none taken: R = B, plain decode).
 
 Probing keeps the numbers fresh: every `interval` steps the opposite of the current regime runs
 once (a drafting step while skipping, a plain step while drafting); the interval doubles (up to
-MAX_PROBE_INTERVAL) while probes do not change the regime, and drops back when one does. A bucket
-with no decode time measured runs a plain step first; one with no verify time, a drafting step.
+MAX_PROBE_INTERVAL) while probes do not change the regime, and drops back when one does; while
+skipping, probes are at least kappa k / PROBE_BUDGET steps apart. A bucket with no verify time of
+its own takes the largest kappa measured at a smaller bucket as a lower bound; when that does not
+rule drafting out, it runs a plain step first (no decode time yet), then a drafting one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ GLOBAL_DECAY = 0.05  # weight of one request-step in the global acceptance prior
 COST_DECAY = 0.2  # weight of the newest step time in T_d / T_v
 MIN_PROBE_INTERVAL = 8
 MAX_PROBE_INTERVAL = 256
+PROBE_BUDGET = 0.02  # while skipping, probes may cost this share of the time (expected)
 
 
 def batch_bucket(num_requests: int) -> int:
@@ -77,7 +81,8 @@ class SpeculationPolicy:
         self.costs: dict[int, StepCosts] = {}
         self.step = 0
         self.probe_interval = MIN_PROBE_INTERVAL
-        self.next_probe = MIN_PROBE_INTERVAL
+        self.last_probe = 0  # the step of the last probe
+        self._probe_from: bool | None = None  # the regime a probe left, until the next decision
         self.drafting = True  # the regime of the last non-probe decision
         self._draft_now: set[str] = set()
         self._propose_next: set[str] = set()
@@ -106,46 +111,70 @@ class SpeculationPolicy:
             return
         num = len(decoding)
         costs = self.costs.get(batch_bucket(num), StepCosts())
-        self._propose_new = self.drafting and costs.decode_s is not None
-        if self.step == self.next_probe:  # the opposite regime, once
-            was_drafting = self.drafting
-            self._end_probe(num, costs, decoding)
-            self._draft_now = set() if was_drafting else set(ids)
+        kappa, measured = self._kappa(batch_bucket(num))
+        if self._probe_due(self.step, kappa):  # the opposite regime, once
+            self._probe_from = self.drafting
+            self.last_probe = self.step
+            self._draft_now = set() if self.drafting else set(ids)
             # a plain probe proposes nothing either, so its time is the decode cost
-            self._propose_next = set() if was_drafting else self._plan_proposals(num, costs, ids)
+            self._propose_next = set() if self.drafting else set(ids)
         else:
-            if costs.decode_s is None:
-                self._draft_now = set()  # measure a plain step first
-            elif costs.verify_s is None:
-                self._draft_now = set(ids)  # then a verifying one
-            else:
-                self._draft_now = self._select(num, costs.kappa(), decoding)
-                if any(d for _, d in decoding):
-                    self.drafting = bool(self._draft_now)
-            self._propose_next = self._plan_proposals(num, costs, ids)
+            self._draft_now = self._decide(num, costs, kappa, measured, decoding)
+            self._propose_next = self._plan_proposals(num, costs, kappa, measured, ids)
+        self._propose_new = bool(self._propose_next) or (self.drafting and not ids)
         self._count(decoding)
 
-    def _end_probe(self, num: int, costs: StepCosts, decoding: list[tuple[str, int]]) -> None:
-        """A probe step: the regime the current numbers choose decides the next interval."""
-        kappa = costs.kappa()
-        if kappa is not None:
-            drafting = bool(self._select(num, kappa, [(r, self.k) for r, _ in decoding]))
-            changed = drafting != self.drafting
-            self.drafting = drafting
-            grown = min(self.probe_interval * 2, MAX_PROBE_INTERVAL)
-            self.probe_interval = MIN_PROBE_INTERVAL if changed else grown
-        self.next_probe = self.step + self.probe_interval
+    def _kappa(self, bucket: int) -> tuple[float | None, bool]:
+        """(kappa, measured): the bucket's own when measured; else the largest measured at a
+        smaller bucket, a lower bound (a step's extra rows cost relatively more as the batch
+        grows: the forward turns compute-bound); None when nothing is measured below."""
+        own = self.costs.get(bucket, StepCosts()).kappa()
+        if own is not None:
+            return own, True
+        smaller = [c.kappa() for b, c in self.costs.items() if b < bucket]
+        smaller = [k for k in smaller if k is not None]
+        return (max(smaller) if smaller else None), False
 
-    def _plan_proposals(self, num: int, costs: StepCosts, ids: list[str]) -> set[str]:
+    def _decide(self, num, costs: StepCosts, kappa, measured, decoding) -> set[str]:
+        if measured:
+            chosen = self._select(num, kappa, decoding)
+            if any(d for _, d in decoding):
+                self._set_regime(bool(chosen))
+            return chosen
+        if kappa is not None and not self._select(num, kappa, [(r, self.k) for r, _ in decoding]):
+            self._set_regime(False)  # even the smaller batches' cost says it does not pay
+            return set()
+        if costs.decode_s is None:
+            return set()  # measure a plain step first
+        return {r for r, d in decoding if d}  # then a verifying one
+
+    def _set_regime(self, drafting: bool) -> None:
+        """The regime of a decision; the first after a probe sets the next probe's interval:
+        doubled when the probe left the regime as it was, back to the minimum when it did not."""
+        if self._probe_from is not None:
+            grown = min(self.probe_interval * 2, MAX_PROBE_INTERVAL)
+            self.probe_interval = grown if drafting == self._probe_from else MIN_PROBE_INTERVAL
+            self._probe_from = None
+        self.drafting = drafting
+
+    def _probe_due(self, step: int, kappa: float | None) -> bool:
+        """A probe every `probe_interval` steps; while skipping, no more often than keeps its
+        expected cost (kappa k extra decode-step times) within PROBE_BUDGET of the time."""
+        floor = kappa * self.k / PROBE_BUDGET if kappa is not None and not self.drafting else 0.0
+        return step - self.last_probe >= max(self.probe_interval, floor)
+
+    def _plan_proposals(self, num, costs: StepCosts, kappa, measured, ids) -> set[str]:
         """Which requests the trained speculator drafts for the next step (its proposals cost a
         pass of its heads, so none are made for a step that will not verify them)."""
-        if self.step + 1 == self.next_probe:
+        if self._probe_due(self.step + 1, kappa):
             return set() if self.drafting else set(ids)
+        if kappa is not None:
+            chosen = self._select(num, kappa, [(r, self.k) for r in ids])
+            if measured or not chosen:
+                return chosen
         if costs.decode_s is None:
             return set()
-        if costs.verify_s is None:
-            return set(ids)
-        return self._select(num, costs.kappa(), [(r, self.k) for r in ids])
+        return set(ids)
 
     def _select(self, num: int, kappa: float | None, candidates: list[tuple[str, int]]) -> set:
         """The requests whose drafts raise tokens per second, best acceptance first."""

@@ -87,3 +87,14 @@ def test_always_drafts_every_step_as_tgi():
     history = simulate(policy, ids, 200, 0.10, 0.50, dict.fromkeys(ids, 0.0))
     assert all(step == set(ids) for step in history)
     assert policy.num_steps_skipped == 0
+
+
+def test_a_larger_batch_skips_unmeasured_when_a_smaller_one_does_not_pay():
+    """A batch-1 verify measured not to pay: a batch of 16 decodes plainly without paying for a
+    verify step of its own first (the smaller batch's cost is a lower bound), until a probe."""
+    policy = SpeculationPolicy(K)
+    simulate(policy, ["a"], 100, 0.030, 0.081, {"a": 0.1})
+    ids = [f"r{i}" for i in range(16)]
+    history = simulate(policy, ids, 60, 0.10, 0.50, dict.fromkeys(ids, 0.1), model_drafts=True)
+    assert not any(history)  # the next probe is kappa * K / PROBE_BUDGET (~85) steps after one
+    assert policy.costs[16].verify_s is None and policy.costs[16].decode_s == 0.10
