@@ -179,10 +179,17 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0  # --speculate: draft tokens verified per decode step
     # drafts come from the workers' trained speculator (ModelOutput.draft_ids), not n-gram lookup
     model_drafts: bool = False
+    # --speculation-policy: "adaptive" drafts when the measured acceptance and step costs say it
+    # pays (engine/speculation_policy.py); "always" verifies drafts in every step, as TGI
+    speculation_policy: str = "adaptive"
 
     def __post_init__(self):
         if self.num_speculative_tokens < 0:
             raise ConfigError("`speculate` must be >= 0")
+        if self.speculation_policy not in ("adaptive", "always"):
+            raise ConfigError(
+                f"--speculation-policy must be adaptive or always, got '{self.speculation_policy}'"
+            )
         if self.max_batch_size is not None and self.max_batch_size <= 0:
             raise ConfigError("`max_batch_size` must be > 0")
         if self.max_batch_prefill_tokens <= 0:

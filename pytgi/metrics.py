@@ -174,6 +174,12 @@ pytgi_speculative_tokens_per_step = Gauge(
     "Tokens a request gained per step that verified drafts (1 + accepted drafts)",
     registry=REGISTRY,
 )
+pytgi_speculation_steps = EngineCounter(
+    "pytgi_speculation_steps",
+    "Steps with running requests where the speculation policy verified drafts (decision="
+    "drafted) or decoded without them (decision=skipped)",
+    ("decision",),
+)
 pytgi_aborted_requests = EngineCounter("pytgi_aborted_requests", "Requests aborted in the engine")
 pytgi_engine_forward_time = EngineCounter(
     "pytgi_engine_forward_time", "Cumulative seconds spent in model forward passes"
@@ -221,6 +227,8 @@ def refresh(stats: EngineStats, max_batch_total_tokens: int | None = None) -> No
     pytgi_speculative_acceptance_rate.set(accepted / drafts if drafts else 0.0)
     steps = stats.num_draft_steps
     pytgi_speculative_tokens_per_step.set((steps + accepted) / steps if steps else 0.0)
+    pytgi_speculation_steps.set_total(stats.num_speculation_steps_drafted, decision="drafted")
+    pytgi_speculation_steps.set_total(stats.num_speculation_steps_skipped, decision="skipped")
     pytgi_aborted_requests.set_total(stats.num_aborts)
     pytgi_engine_forward_time.set_total(stats.forward_time_s)
 

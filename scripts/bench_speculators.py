@@ -1,18 +1,24 @@
-"""Decode speed over HTTP with trained Medusa heads, n-gram speculation and no speculation.
+"""Decode speed over HTTP with trained Medusa heads, a trained MLP speculator, n-gram
+speculation and no speculation.
 
-    python scripts/bench_speculators.py --quick   # the lead's quiet-window run (~6 min, estimated)
+    python scripts/bench_speculators.py --quick   # the lead's quiet-window run (~10 min, estimated)
     python scripts/bench_speculators.py             # the full run (3 rounds, more requests)
     python scripts/bench_speculators.py --smoke     # a couple of minutes: checks that it all runs
 
 Needs the heads of scripts/train_speculator.py (--medusa, default ~/.cache/pytgi-bench/
-smollm2-medusa); the base model is the checkpoint's `base_model_name_or_path` (SmolLM2-135M-
-Instruct in float32). Systems, each a `pytgi serve --num-threads 2` started by this script:
-`base` (no speculation), `ngram` (`--speculate 3` on the base) and `medusa` (`--model-id` the
-heads, `--speculate` = their number). Workloads, greedy `/v1/chat/completions` on the held-out
-prompts of scripts/speculator_prompts.py (never trained on): `chat1` and `code1` (one client,
-requests one after another: decode tok/s = completion tokens / wall time) and `chat16` (16
-clients on chat and code prompts: output tok/s). Rounds alternate the order of the systems.
-Each server's `pytgi_speculative_*` counters (drafts, accepted, acceptance rate) are kept too.
+smollm2-medusa) and, for the `mlp` system, its `--kind mlp` checkpoint (--mlp, default
+~/.cache/pytgi-bench/smollm2-mlp; left out with a note when missing); the base model is the
+Medusa checkpoint's `base_model_name_or_path` (SmolLM2-135M-Instruct in float32). Systems, each a
+`pytgi serve --num-threads 2` started by this script: `base` (no speculation), `ngram`
+(`--speculate 3` on the base), `medusa` and `mlp` (`--model-id` the checkpoint, `--speculate` =
+its heads), all with the default adaptive speculation policy, and `medusa-always` (TGI's policy:
+drafts verified in every step; `--no-always` leaves it out). Workloads, greedy
+`/v1/chat/completions` on the held-out prompts of scripts/speculator_prompts.py (never trained
+on): `chat1` and `code1` (one client, requests one after another: decode tok/s = completion
+tokens / wall time) and `chat16` (16 clients on chat and code prompts: output tok/s; every system
+but `ngram`). Rounds alternate the order of the systems.
+Each server's `pytgi_speculative_*` counters (drafts, accepted, acceptance rate) and
+`pytgi_speculation_steps` (steps the policy drafted / skipped) are kept too.
 Every measurement records the CPU other processes used meanwhile (bench_issue22's OthersMeter)
 and is flagged above 0.1 core. Writes OUT/results.json and OUT/report.md.
 """
@@ -122,7 +128,8 @@ def load(url: str, prompts: list[str], clients: int, max_tokens: int, models=("t
 
 
 def speculation_metrics(url: str) -> dict:
-    """The server's `pytgi_speculative_*` counters (drafts, accepted, rate) over all its work."""
+    """The server's `pytgi_speculative_*` counters (drafts, accepted, rate) and the policy's
+    drafted / skipped steps over all its work."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -130,7 +137,7 @@ def speculation_metrics(url: str) -> dict:
         return {"error": str(err)}
     metrics = {}
     for line in text.splitlines():
-        if line.startswith("pytgi_speculative_"):
+        if line.startswith(("pytgi_speculative_", "pytgi_speculation_steps{")):
             key, _, value = line.partition(" ")
             metrics[key] = float(value)
     return metrics
@@ -205,6 +212,10 @@ def main(argv=None) -> int:
     mode.add_argument("--smoke", action="store_true")
     parser.add_argument("--medusa", type=Path,
                         default=Path.home() / ".cache/pytgi-bench/smollm2-medusa")  # fmt: skip
+    parser.add_argument("--mlp", type=Path,
+                        default=Path.home() / ".cache/pytgi-bench/smollm2-mlp")  # fmt: skip
+    parser.add_argument("--no-always", action="store_true",
+                        help="leave out medusa-always (TGI's speculation policy)")  # fmt: skip
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path)
@@ -234,13 +245,20 @@ def main(argv=None) -> int:
         "ngram": ["--model-id", base, "--speculate", "3"],
         "medusa": ["--model-id", str(args.medusa)],
     }
+    if not args.no_always:
+        systems["medusa-always"] = systems["medusa"] + ["--speculation-policy", "always"]
+    if (args.mlp / "config.json").is_file():
+        systems["mlp"] = ["--model-id", str(args.mlp)]
+    else:
+        print(f"note: no {args.mlp}/config.json, the mlp system is left out "
+              "(scripts/train_speculator.py --kind mlp)")  # fmt: skip
     n, t = plan.single, plan.max_tokens
     workloads = {
         "chat1": (lambda url: load(url, cycle(chat_held, n), 1, t), set(systems)),
         "code1": (lambda url: load(url, cycle(code_held, n), 1, t), set(systems)),
         f"chat{plan.clients}": (
             lambda url: load(url, cycle(mixed, plan.batch), plan.clients, t),
-            {"base", "medusa"},
+            set(systems) - {"ngram"},
         ),
     }
     results = {
@@ -249,6 +267,7 @@ def main(argv=None) -> int:
         "plan_name": name,
         "plan": asdict(plan),
         "medusa": str(args.medusa),
+        "mlp": str(args.mlp) if "mlp" in systems else None,
         "command": [sys.executable, *sys.argv],
     }
     start = time.monotonic()

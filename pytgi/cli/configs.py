@@ -156,6 +156,7 @@ def engine_config(args: argparse.Namespace, model: ModelConfig) -> EngineConfig:
             enable_chunked_prefill=not args.disable_prefill_chunking,
             num_speculative_tokens=args.speculate or 0,
             model_drafts=model.speculator is not None,
+            speculation_policy=args.speculation_policy or "adaptive",
         ),
         grammar=None if args.disable_grammar_support else grammar_config(args),
         parallel=ParallelConfig(

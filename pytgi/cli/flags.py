@@ -167,6 +167,13 @@ ENGINE_FLAGS = [
         int,
     ),
     Flag(
+        "--speculation-policy",
+        "pytgi extension: adaptive (default) verifies drafts only in steps where the measured "
+        "acceptance and step costs say they gain tokens per second; always verifies them in every "
+        "step, as TGI",
+        choices=("adaptive", "always"),
+    ),  # fmt: skip
+    Flag(
         "--disable-custom-kernels",
         "Run the layers on plain torch ops instead of pytgi's compiled C++ (CPU) and Triton (CUDA) "
         "kernels (paged attention on CUDA stays on Triton)",

@@ -36,6 +36,9 @@ class EngineStats:
     num_draft_tokens: int = 0  # speculative tokens verified (--speculate)
     num_accepted_draft_tokens: int = 0
     num_draft_steps: int = 0  # request-steps that verified at least one draft
+    # steps with running requests where the speculation policy verified drafts / did not
+    num_speculation_steps_drafted: int = 0
+    num_speculation_steps_skipped: int = 0
     forward_time_s: float = 0.0  # cumulative time in Executor.execute
 
     @property

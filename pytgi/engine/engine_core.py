@@ -116,6 +116,8 @@ class EngineCore:
         stats.num_steps += 1
         stats.forward_time_s += elapsed_s
         stats.num_batch_tokens = output.num_tokens
+        if self.scheduler.policy is not None:
+            self.scheduler.policy.record_step(output, elapsed_s)
         for scheduled in output.requests:
             request = self.scheduler.requests[scheduled.request_id]  # update() has not run yet
             is_decode = (
@@ -139,6 +141,9 @@ class EngineCore:
         stats.num_draft_tokens = scheduler.num_draft_tokens
         stats.num_accepted_draft_tokens = scheduler.num_accepted_draft_tokens
         stats.num_draft_steps = scheduler.num_draft_steps
+        if scheduler.policy is not None:
+            stats.num_speculation_steps_drafted = scheduler.policy.num_steps_drafted
+            stats.num_speculation_steps_skipped = scheduler.policy.num_steps_skipped
         return EngineStats(**vars(stats))
 
     def shutdown(self) -> None:

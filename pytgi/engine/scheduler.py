@@ -35,6 +35,7 @@ from pytgi.engine.grammar_manager import GrammarManager
 from pytgi.engine.kv_cache_manager import KVCacheManager
 from pytgi.engine.request import Request, RequestStatus
 from pytgi.engine.speculation import NgramProposer
+from pytgi.engine.speculation_policy import SpeculationPolicy
 from pytgi.engine.stopping import check_stop, make_delta
 from pytgi.messages.bidirectional import span_around
 from pytgi.messages.outputs import (
@@ -65,6 +66,13 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         ngram = config.num_speculative_tokens and not config.model_drafts
         self.proposer = NgramProposer(config.num_speculative_tokens) if ngram else None
+        self.policy = (
+            SpeculationPolicy(
+                config.num_speculative_tokens, config.speculation_policy, config.model_drafts
+            )
+            if config.num_speculative_tokens
+            else None
+        )
         self._freed_ids: list[str] = []
         self._rejected: list[RequestOutput] = []  # grammar failures, reported with the next step
         self.num_preemptions = 0
@@ -118,6 +126,8 @@ class Scheduler:
         budget = self.config.max_batch_prefill_tokens
         output = SchedulerOutput(requests=[])
         num_preemptions = self.num_preemptions
+        if self.policy is not None:
+            self.policy.begin_step([(r.request_id, len(r.draft_ids)) for r in self.running])
         for request in list(self.running):
             if budget <= 0:
                 break
@@ -129,6 +139,8 @@ class Scheduler:
                 continue  # its next span waits for a step with room
             reaches_end = request.num_computed_tokens + num_new == request.num_tokens
             drafts = request.draft_ids[: max(0, budget - num_new)] if reaches_end else []
+            if drafts and not self.policy.drafts(request.request_id):
+                drafts = []  # the speculation policy says they do not pay in this step
             if not self._allocate_or_preempt(request, num_new + len(drafts)):
                 continue
             self._add(output, request, num_new, drafts)
@@ -267,8 +279,12 @@ class Scheduler:
                 draft_ids=drafts,
                 sample=end == request.num_tokens,
                 prefill_logprobs=want_prompt_logprobs and start < request.num_prompt_tokens,
+                propose_drafts=self.config.model_drafts and self._proposes(request.request_id),
             )
         )
+
+    def _proposes(self, request_id: str) -> bool:
+        return self.policy is not None and self.policy.propose(request_id)
 
     def update(self, output: SchedulerOutput, model_output: ModelOutput) -> list[RequestOutput]:
         """Apply a step's results: advance, append sampled tokens, stop, free, emit deltas."""
@@ -283,6 +299,10 @@ class Scheduler:
             self.num_draft_tokens += len(scheduled.draft_ids)
             self.num_accepted_draft_tokens += num_accepted
             self.num_draft_steps += bool(scheduled.draft_ids)
+            if scheduled.draft_ids:
+                self.policy.record_acceptance(
+                    request.request_id, len(scheduled.draft_ids), num_accepted
+                )
             request.num_computed_tokens += scheduled.num_tokens + num_accepted
             request.draft_ids = []
             self.kv.cache_computed_blocks(request)
@@ -382,6 +402,8 @@ class Scheduler:
         self._forget_on_workers(request)
         if self.proposer is not None:
             self.proposer.free(request.request_id)
+        if self.policy is not None:
+            self.policy.forget(request.request_id)
         del self.requests[request.request_id]
 
     @property

@@ -63,6 +63,9 @@ class ScheduledRequest:
     # KV groups 1.. (a model mixing windowed and full layers): each group's new block ids, as
     # many as `new_block_ids` (the tables cover the same positions); `new_block_ids` is group 0's
     new_group_block_ids: list[list[int]] = field(default_factory=list)
+    # a trained speculator (rank 0) drafts for the request's next step (the engine's speculation
+    # policy leaves it off for steps that will not verify drafts)
+    propose_drafts: bool = False
 
     @property
     def num_scheduled_tokens(self) -> int:

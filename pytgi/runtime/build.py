@@ -50,6 +50,7 @@ def engine_config(
     num_shard: int = 1,
     num_threads: int | None = None,
     speculate: int = 0,
+    speculation_policy: str = "adaptive",
     grammar: GrammarConfig | bool = True,
     implementation: str = "auto",
     trust_remote_code: bool = False,
@@ -68,7 +69,8 @@ def engine_config(
     `lora_adapters`: `--lora-adapters`' syntax (`id=path,...`) or `LoRAAdapter`s; a request picks
     one with `EngineRequest.adapter_id` (`LLM.generate(..., adapter_ids=...)`).
     A Medusa / MLP-speculator checkpoint serves its base model with its heads drafting (`speculate`
-    0: as many drafts as heads)."""
+    0: as many drafts as heads); `speculation_policy` as `--speculation-policy` (adaptive or
+    always)."""
     from pytgi.models.resolve import resolve_speculator
 
     if model_id is None:
@@ -110,6 +112,7 @@ def engine_config(
             max_batch_size=max_batch_size,
             num_speculative_tokens=speculate or 0,
             model_drafts=model.speculator is not None,
+            speculation_policy=speculation_policy,
         ),
         grammar=GrammarConfig() if grammar is True else grammar or None,
         parallel=ParallelConfig(num_shard=num_shard, **envs.parallel_fields()),

@@ -395,22 +395,29 @@ class ModelRunner:
         return ModelOutput(
             sampled=sampled,
             prefill_logprobs=self._prompt_logprobs(plan, prompt_logits),
-            draft_ids=self._propose_drafts(plan, sampled),
+            draft_ids=self._propose_drafts(scheduler_output, plan, sampled),
         )
 
-    def _propose_drafts(self, plan: StepPlan, sampled: dict) -> dict[str, list[int]]:
-        """The speculator's drafts after each request's newest token, from the hidden state of
-        the row that chose it (the row after its last accepted draft)."""
+    def _propose_drafts(
+        self, scheduler_output: SchedulerOutput, plan: StepPlan, sampled: dict
+    ) -> dict[str, list[int]]:
+        """The speculator's drafts after the newest token of each request the scheduler asked
+        drafts for (`propose_drafts`), from the hidden state of the row that chose it (the row
+        after its last accepted draft)."""
         k = self.config.scheduler.num_speculative_tokens
         if self.speculator is None or k == 0 or not sampled:
             return {}
+        wanted = {r.request_id for r in scheduler_output.requests if r.propose_drafts}
         rows, tokens, ids, first = [], [], [], 0
         for request_id, num_rows in plan.num_rows_per_request:
-            kept = sampled[request_id]
-            rows.append(first + len(kept) - 1)
-            tokens.append(kept[-1].token_id)
-            ids.append(request_id)
+            if request_id in wanted:
+                kept = sampled[request_id]
+                rows.append(first + len(kept) - 1)
+                tokens.append(kept[-1].token_id)
+                ids.append(request_id)
             first += num_rows
+        if not ids:
+            return {}
         device = self._sampled_hidden.device
         hidden = self._sampled_hidden[torch.tensor(rows, device=device)]  # [R, H]
         newest = torch.tensor(tokens, device=device)  # [R]

@@ -1,6 +1,7 @@
 """scripts/train_speculator.py on a tiny Llama: a few training steps write a checkpoint in TGI's
-Medusa layout (one residual block per head, the base model's LM head shared) that pytgi loads as
-a speculator, with greedy outputs identical to the base model's without speculation."""
+Medusa layout (one residual block per head, the base model's LM head shared) or IBM's MLP
+speculator layout that pytgi loads as a speculator, with greedy outputs identical to the base
+model's without speculation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
 from pytgi.runtime.llm import LLM
@@ -50,3 +52,30 @@ def test_trained_heads_load_and_keep_greedy_outputs(tiny_model_factory, tmp_path
     plain, no_drafts = _greedy(str(base), prompt)
     assert (drafts, no_drafts) == (2, 0)
     assert speculated == plain
+
+
+def test_trained_mlp_speculator_loads_and_keeps_greedy_outputs(tiny_model_factory, tmp_path):
+    """`--kind mlp`: IBM's layout (tied weights: one emb/head/LN, proj.0 and proj.1), trained
+    away from its start (the base model's embeddings, identity projections), loaded by pytgi as a
+    speculator whose drafts are verified, with greedy outputs equal to the base model's."""
+    base = tiny_model_factory("llama")
+    out = tmp_path / "mlp"
+    args = ["--kind", "mlp", "--base", str(base), "--out", str(out), "--heads", "3"]
+    args += ["--max-prompts", "10", "--max-new-tokens", "12", "--epochs", "2", "--batch", "16"]
+    assert _script().main(args) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "mlp_speculator" and config["n_predict"] == 3
+    assert config["tie_weights"] and Path(config["base_model_name_or_path"]) == base.resolve()
+    tensors = load_file(out / "model.safetensors")
+    names = ["emb.0", "head.0", "ln.0", "proj.0", "proj.1"]
+    assert {k.rsplit(".", 1)[0].removeprefix("speculator.") for k in tensors} == set(names)
+    assert not torch.equal(tensors["speculator.proj.1.weight"], torch.eye(config["emb_dim"]))
+    prompt = "The quick brown fox jumps over"
+    llm = LLM(str(out), speculation_policy="always")
+    try:
+        (speculated,) = llm.generate([prompt], max_new_tokens=16, ignore_eos=True)
+        assert llm.core.stats().num_draft_tokens > 0
+    finally:
+        llm.close()
+    plain, _ = _greedy(str(base), prompt)
+    assert speculated.token_ids == plain

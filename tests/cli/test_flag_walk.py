@@ -102,6 +102,7 @@ CONFIG_EFFECTS = {
     "--cuda-graphs": (["0"], lambda c: c.engine.device.cuda_graphs, ()),
     "--cuda-memory-fraction": (["0.5"], lambda c: c.engine.device.cuda_memory_fraction, 0.5),
     "--speculate": (["2"], lambda c: c.engine.scheduler.num_speculative_tokens, 2),
+    "--speculation-policy": (["always"], lambda c: c.engine.scheduler.speculation_policy, "always"),
     "--disable-custom-kernels": ([], lambda c: c.engine.device.kernels, False),
     "--rope-scaling": (["dynamic"], lambda c: c.model.rope_scaling, ("dynamic", 1.0)),
     "--rope-factor": (["2"], lambda c: c.model.rope_scaling, ("linear", 2.0)),

@@ -192,7 +192,10 @@ def test_mixed_batch_of_constrained_and_free_requests(pytgi_server_url):
 def tight_server(demo_model_dir, tmp_path_factory):
     """KV for ~2 of the mixed batch's requests at a time (preemption), and n-gram speculation."""
     log = tmp_path_factory.mktemp("grammar-tight") / "server.log"
-    server = ServerProcess(demo_model_dir, "--num-blocks", "12", "--speculate", "3", log_path=log)
+    server = ServerProcess(
+        demo_model_dir, "--num-blocks", "12", "--speculate", "3",
+        "--speculation-policy", "always", log_path=log,
+    )  # fmt: skip
     try:
         server.wait_healthy()
         yield server

@@ -1,6 +1,7 @@
 """`pytgi serve --speculate 4` through HTTP: greedy and seeded outputs are exactly those of the
 server without speculation (the session's shared demo server), streamed and not, several requests
-at once; accepted drafts show up in TGI's `tgi_request_skipped_tokens`."""
+at once, with the default (adaptive) speculation policy and with TGI's (`always`); accepted drafts
+show up in TGI's `tgi_request_skipped_tokens`."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_outputs_equal_the_server_without_speculation(
     assert speculated == plain
 
 
-def test_stream_equals_and_drafts_are_accepted(speculating_server, pytgi_server_url):
+def test_stream_equals(speculating_server, pytgi_server_url):
     body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 48}}
     with httpx.Client(timeout=120) as client:
         final = client.post(f"{pytgi_server_url}/generate", json=body).json()["generated_text"]
@@ -59,7 +60,22 @@ def test_stream_equals_and_drafts_are_accepted(speculating_server, pytgi_server_
     skipped = [
         line for line in metrics.splitlines() if line.startswith("tgi_request_skipped_tokens_sum")
     ]
-    assert skipped and float(skipped[0].split()[-1]) > 0
+    assert skipped  # accepted drafts: test_a_quantized_model_speculates_... (TGI's policy)
+
+
+def speculation_steps(metrics: str, decision: str) -> float | None:
+    prefix = f'pytgi_speculation_steps{{decision="{decision}"}} '
+    lines = [line for line in metrics.splitlines() if line.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else None
+
+
+def test_the_adaptive_policy_reports_its_decisions(speculating_server):
+    """The server runs the default policy (drafts only in steps it measures to pay; the tests
+    above show the outputs unchanged): /metrics counts the steps that verified drafts and those
+    that had drafts and decoded without them."""
+    metrics = httpx.get(f"{speculating_server.url}/metrics").text
+    assert speculation_steps(metrics, "drafted") > 0
+    assert speculation_steps(metrics, "skipped") is not None
 
 
 async def generate_details(url: str, parameters: dict) -> list[list[tuple[int, float]]]:
@@ -76,7 +92,7 @@ def test_a_quantized_model_speculates_without_changing_its_outputs(
     and seeded, several requests at once: the same tokens and log-probabilities."""
     flags = ("--quantize", "bitsandbytes", "--dtype", "float32")
     outputs = []
-    for extra in ((), ("--speculate", "4")):
+    for extra in ((), ("--speculate", "4", "--speculation-policy", "always")):
         log = tmp_path_factory.mktemp("quantized-speculate") / "server.log"
         server = ServerProcess(demo_model_dir, *flags, *extra, log_path=log)
         try:
@@ -97,3 +113,5 @@ def test_a_quantized_model_speculates_without_changing_its_outputs(
         line for line in metrics.splitlines() if line.startswith("tgi_request_skipped_tokens_sum")
     ]
     assert skipped and float(skipped[0].split()[-1]) > 0  # drafts were accepted
+    # TGI's behaviour: no step that had drafts decoded without them
+    assert speculation_steps(metrics, "skipped") == 0

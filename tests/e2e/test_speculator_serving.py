@@ -19,7 +19,9 @@ def servers(tiny_model_factory, tmp_path_factory):
     root = tmp_path_factory.mktemp("medusa-e2e")
     medusa = make_medusa(base, root / "medusa", heads=3)
     plain = ServerProcess(base, log_path=root / "plain.log")
-    speculating = ServerProcess(medusa, log_path=root / "medusa.log")
+    speculating = ServerProcess(
+        medusa, "--speculation-policy", "always", log_path=root / "medusa.log"
+    )
     try:
         plain.wait_healthy()
         speculating.wait_healthy()

@@ -103,7 +103,7 @@ def test_preemption_keeps_constrained_outputs(tiny_llama_dir, reference):
 
 
 def test_speculation_verifies_only_allowed_drafts_and_keeps_outputs(tiny_llama_dir, reference):
-    spec = make_llm(tiny_llama_dir, speculate=3)
+    spec = make_llm(tiny_llama_dir, speculate=3, speculation_policy="always")
     checked = record_draft_checks(spec)
     try:
         outputs = spec.generate(PROMPTS, PARAMS, max_new_tokens=MAX_NEW)

@@ -26,7 +26,9 @@ def make_core(speculate: int, num_blocks: int = 64, prefill: int = 16, kv_groups
         model=ModelConfig("fake"),
         cache=CacheConfig(block_size=4),
         scheduler=SchedulerConfig(
-            max_batch_prefill_tokens=prefill, num_speculative_tokens=speculate
+            max_batch_prefill_tokens=prefill,
+            num_speculative_tokens=speculate,
+            speculation_policy="always",
         ),
     )
     executor = FakeExecutor(num_blocks, 4, next_token=periodic_with_surprises, kv_groups=kv_groups)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pytgi.engine.speculation_policy import SpeculationPolicy
 from pytgi.messages.sampling_params import SamplingParams
 from pytgi.runtime.llm import LLM
 
@@ -23,7 +24,14 @@ def _prompts() -> list[list[int]]:
 
 
 def _run(model_id: str, speculate: int, **options) -> tuple[list, int]:
-    llm = LLM(model_id, block_size=16, num_blocks=64, speculate=speculate, **options)
+    llm = LLM(
+        model_id,
+        block_size=16,
+        num_blocks=64,
+        speculate=speculate,
+        speculation_policy="always",  # every step verifies drafts (TGI's behaviour)
+        **options,
+    )
     try:
         prompts = _prompts()
         greedy = llm.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -60,3 +68,53 @@ def test_speculation_changes_nothing_on_a_gguf_model(mixed_gguf):
     spec, accepted = _run(str(mixed_gguf[0]), 4)
     assert accepted > 0
     assert spec == plain
+
+
+class Alternating(SpeculationPolicy):
+    """Drafts in two steps of every three and proposes accordingly: speculation switched on and
+    off mid-request, the way the adaptive policy switches it, on a fixed schedule."""
+
+    def begin_step(self, decoding):
+        self.step += 1
+        ids = {rid for rid, _ in decoding}
+        self._draft_now = ids if self.step % 3 else set()
+        self._propose_next = ids if (self.step + 1) % 3 else set()
+        self._count(decoding)
+
+
+def _run_switching(model_id: str, speculate: int) -> tuple[list, object]:
+    """As `_run`, with the drafts switched on and off (`speculate` 0: as many as the heads)."""
+    llm = LLM(model_id, block_size=16, num_blocks=64, speculate=speculate)
+    scheduler = llm.core.scheduler
+    scheduler.policy = Alternating(scheduler.config.num_speculative_tokens)
+    try:
+        prompts = _prompts()
+        greedy = llm.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        params = [SamplingParams(temperature=0.9, seed=11 + i) for i in range(len(prompts))]
+        seeded = llm.generate(prompts, params, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        stats = llm.core.stats()
+    finally:
+        llm.close()
+    return [(o.token_ids, o.logprobs) for o in greedy + seeded], stats
+
+
+@pytest.mark.parametrize("drafts", ["ngram", "mlp"])
+def test_switching_speculation_on_and_off_mid_request_changes_nothing(
+    drafts, tiny_model_factory, tmp_path
+):
+    """Tokens and log-probabilities bit-identical to no speculation when the policy turns drafts
+    (and a trained speculator's proposals) on and off between the steps of a request."""
+    from fixtures.speculators import make_mlp_speculator
+
+    torch.set_num_threads(1)
+    model = tiny_model_factory("llama")
+    plain, _ = _run(str(model), 0)
+    if drafts == "ngram":
+        switched, stats = _run_switching(str(model), 4)
+    else:
+        switched, stats = _run_switching(str(make_mlp_speculator(model, tmp_path / "mlp", 3)), 0)
+    assert stats.num_speculation_steps_drafted > 0 and stats.num_speculation_steps_skipped > 0
+    assert stats.num_draft_tokens > 0
+    if drafts == "ngram":
+        assert stats.num_accepted_draft_tokens > 0
+    assert switched == plain

@@ -180,7 +180,7 @@ def test_image_spans_equal_the_processors_mask(locations):
 def test_ngram_drafts_see_the_images_of_their_rows(setup):
     """Draft rows verify under the same image masks as the row they follow."""
     prompt = build(setup, "<s>a b c a b c {0} a b c a b c a b", [(56, 56, 12)])
-    llm = LLM(str(setup[0]), block_size=4, num_blocks=64, speculate=3)
+    llm = LLM(str(setup[0]), block_size=4, num_blocks=64, speculate=3, speculation_policy="always")
     try:
         check(setup, llm, [prompt])
         assert llm.core.scheduler.num_draft_tokens > 0

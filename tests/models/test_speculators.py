@@ -67,7 +67,7 @@ CHECKPOINTS = {
 def test_outputs_equal_no_speculation(kind, base, plain_outputs, tmp_path):
     torch.set_num_threads(1)
     directory = CHECKPOINTS[kind](base, tmp_path / kind)
-    llm = LLM(str(directory), num_blocks=128)
+    llm = LLM(str(directory), num_blocks=128, speculation_policy="always")
     try:
         assert llm.config.model.speculator is not None
         assert llm.config.scheduler.num_speculative_tokens == llm.config.model.speculator.num_heads
@@ -118,7 +118,7 @@ def test_sampling_keeps_the_target_distribution(base, tmp_path):
     torch.set_num_threads(1)
     directory = make_medusa(base, tmp_path / "m", heads=2)
     ids = prompt(6, 11)
-    llm = LLM(str(directory), num_blocks=256)
+    llm = LLM(str(directory), num_blocks=256, speculation_policy="always")
     try:
         params = [
             SamplingParams(do_sample=True, temperature=1.5, top_k=4, seed=s) for s in range(240)
