@@ -17,7 +17,7 @@ Models, written once into --models-dir (default ~/.cache/pytgi-bench/moe-http; t
 Cases (--cases, default Q8_0,Q4_0,f32), systems alternating their order round by round:
 - a GGUF type: `llama` = llama-server `-t 2 -tb 2 -np 16 -c 16384` and `pytgi` = `pytgi serve
   --num-threads 2 --max-batch-total-tokens 16384` on the same file; before llama-server,
-  `llama-bench -t 2 -p 512 -n N` (tg / pp512) on the file as the anchor's health check:
+  `llama-bench -t 2 -p 512 -n 128` (tg128 / pp512) on the file as the anchor's health check:
   llama-server's batch-1 decode rate far below its own tg figure means the measurement is broken
   (flagged under 0.5);
 - `f32`: `pytgi serve` on the HF checkpoints: `moe` (native), `moe-fallback`
@@ -42,8 +42,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "tests")]
@@ -83,19 +84,19 @@ class Plan:
     layers: int
     output_tokens: int
     bench_reps: int  # llama-bench -r
+    anchor_tokens: int  # llama-bench -n (tg128 but in the smoke plan)
     http1: tuple[int, int]  # (measured requests, warm-up requests)
     http16: tuple[int, int]
 
 
 PLANS = {
-    "full": Plan(
-        rounds=2, layers=30, output_tokens=128, bench_reps=3, http1=(6, 1), http16=(48, 16)
-    ),  # fmt: skip
-    "quick": Plan(
-        rounds=1, layers=30, output_tokens=64, bench_reps=2, http1=(3, 1), http16=(16, 4)
-    ),  # fmt: skip
-    "smoke": Plan(rounds=1, layers=2, output_tokens=8, bench_reps=1, http1=(2, 1), http16=(4, 0)),
-}
+    "full": Plan(2, layers=30, output_tokens=128, bench_reps=3, anchor_tokens=128, http1=(6, 1),
+                 http16=(48, 16)),
+    "quick": Plan(1, layers=30, output_tokens=64, bench_reps=2, anchor_tokens=128, http1=(3, 1),
+                  http16=(16, 4)),
+    "smoke": Plan(1, layers=2, output_tokens=8, bench_reps=1, anchor_tokens=8, http1=(2, 1),
+                  http16=(4, 0)),
+}  # fmt: skip
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -305,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     name = "quick" if args.quick else "smoke" if args.smoke else "full"
     plan = PLANS[name]
     if args.rounds:
-        plan = Plan(args.rounds, plan.layers, plan.output_tokens, plan.bench_reps, plan.http1,
-                    plan.http16)  # fmt: skip
+        plan = replace(plan, rounds=args.rounds)
     cases = args.cases.split(",")
     wanted = set(args.systems.split(","))
     out = args.out or ROOT / "bench-results" / time.strftime("moe-http-%Y%m%d-%H%M%S")
@@ -345,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)  # fmt: skip
                 model = files[case][system] if case == "f32" else files[case]
                 if system == "llama":
-                    entry["anchor"] = measured(llama_bench, tools, model, plan, args.threads,
+                    anchor = SimpleNamespace(output_tokens=plan.anchor_tokens,
+                                             bench_reps=plan.bench_reps)  # fmt: skip
+                    entry["anchor"] = measured(llama_bench, tools, model, anchor, args.threads,
                                                base / "llama-bench.log")  # fmt: skip
                 entry[system] = serve_and_measure(system, model, tools, plan, args.threads,
                                                   base / system)  # fmt: skip
