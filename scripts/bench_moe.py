@@ -11,6 +11,8 @@ copy bandwidth.
     python scripts/bench_moe.py [--quick | --smoke] [--threads 2]
 
 --smoke (2 layers, a few tokens) only checks the script runs; --quick is the reportable short run.
+The same models served over HTTP, against llama.cpp on a GGUF of the MoE and against the
+transformers fallback: scripts/bench_moe_http.py.
 """
 
 from __future__ import annotations
