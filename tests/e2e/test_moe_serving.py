@@ -77,3 +77,12 @@ def test_served_natively_with_transformers_greedy_tokens(served):
         ids = [t.id for t in resp.details.tokens]
         assert ids == reference[prompt][: len(ids)], prompt
         assert len(ids) == NEW_TOKENS or ids[-1] == 2  # length, or the tiny model's EOS
+
+
+def test_mixtral_decode_steps_run_on_the_fused_stack(served, request):
+    """One rank, fp32 safetensors: the MoE layers are in the fused CPU decode stack (the greedy
+    tokens above came through it)."""
+    if request.node.callspec.params["served"] != "mixtral":
+        pytest.skip("the fused stack serves one rank with fp32 experts (and int8-ready linears)")
+    server, _, _ = served
+    assert "fused decode stack on (2 layers" in server.logs()

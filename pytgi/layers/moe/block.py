@@ -141,7 +141,7 @@ class SparseMoeBlock(nn.Module):
         `moe.shared_gate`; None when a weight is not fp32 tiles (quantized experts, no kernels,
         tensor parallelism). Which routing rules the stack computes is the accelerator's check
         (`DecoderSpec.moe`); it adds `moe.config`."""
-        tensors = getattr(self.experts, "fused_decode_tensors", lambda: None)()
+        tensors = self.experts.fused_decode_tensors()
         if tensors is None:
             return None
         if self.gate.weight_packed is None:

@@ -214,6 +214,11 @@ class QuantizedExperts(nn.ModuleList):
         self.tp = current_build_context().tp
         self.act_fn = get_activation(act, gated=True)
 
+    def fused_decode_tensors(self) -> None:
+        """The fused decode stack's MoE MLP runs fp32 tiles only: quantized experts keep the
+        model layer by layer."""
+        return None
+
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, scale_input: bool = False
     ) -> torch.Tensor:
