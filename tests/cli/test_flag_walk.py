@@ -162,7 +162,7 @@ BEHAVIOUR_TESTS = {
     "--max-waiting-tokens": "tests/e2e/test_launcher_flags.py::test_waiting_flags_get_tgi_warning",
     "--waiting-served-ratio": "tests/cli/test_flag_walk.py::test_waiting_flags_warn_as_tgi_3",
     "--kv-cache-dtype": (
-        "tests/e2e/test_kv_cache_dtype.py::test_an_fp8_cache_is_served_and_reported"
+        "tests/e2e/test_kv_cache_dtype.py::test_a_narrow_cache_is_served_and_reported"
     ),
     "--lora-adapters": "tests/e2e/test_lora_serving.py::test_adapters_in_one_batch_match_peft",
 }
