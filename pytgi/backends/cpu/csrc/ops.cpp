@@ -20,6 +20,7 @@ using namespace pytgi;
 namespace pytgi {
 void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
 void register_quant(pybind11::module& m);         // quant_ops.cpp
+void register_kquant(pybind11::module& m);        // kquant_ops.cpp
 }
 
 // x [..., D] contiguous -> weight * x / sqrt(mean(x^2) + eps), per row (transformers' formula).
@@ -546,4 +547,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("softcap") = 0.0, py::arg("alibi") = py::none());
   register_decode_stack(m);
   register_quant(m);
+  register_kquant(m);
 }
