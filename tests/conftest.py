@@ -202,6 +202,14 @@ def mixed_gguf(gguf_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def q4_k_m_gguf(gguf_factory) -> tuple[Path, Path]:
+    """A tiny Llama typed as llama-quantize's Q4_K_M (Q4_K, Q6_K v / down / output)."""
+    from fixtures.gguf_files import q4_k_m_types
+
+    return gguf_factory("llama", q4_k_m_types, hidden_size=256, intermediate_size=512)
+
+
+@pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     from pytgi.demo_model import demo_model_path
 

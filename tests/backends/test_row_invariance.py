@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.gguf_files import random_blocks
+from gguf import GGMLQuantizationType
 
 from pytgi.backends.cpu import kernels
+from pytgi.backends.cpu.kquant_layout import pack_kquant
 from pytgi.backends.cpu.platform import CpuPlatform
 from pytgi.backends.cpu.quant_layout import FP8
 from pytgi.backends.cpu.quant_ops import CpuQuantOps
@@ -26,6 +29,7 @@ from pytgi.layers.quantization.quantizers import (
     quantize_q8_0,
 )
 from pytgi.layers.quantization.unquantized import pack_column_tiles, packed_matmul
+from pytgi.models.gguf.blocks import decode_blocks
 
 # row counts: decode (1), verify (2-5 with --speculate 1-4), the register / panel switch of the
 # fp32-activation kernels (8, 9), prefill chunks, and past the int8 kernels' 64-row chunk
@@ -45,6 +49,25 @@ QUANTIZED = {
 }
 
 
+# the native K-quant kernels (GGUF Q4_K / Q6_K, 256-wide super-blocks) and a fused layer mixing them
+KQUANT_N, KQUANT_K = 40, 256
+
+
+def _kquant(types: list[GGMLQuantizationType]):
+    pieces = [
+        decode_blocks(random_blocks(t, KQUANT_N // len(types), KQUANT_K, seed=i), t, "w")
+        for i, t in enumerate(types)
+    ]
+    return pack_kquant(pieces)
+
+
+KQUANTS = {
+    "Q4_K": lambda: _kquant([GGMLQuantizationType.Q4_K]),
+    "Q6_K": lambda: _kquant([GGMLQuantizationType.Q6_K]),
+    "Q4_K+Q6_K": lambda: _kquant([GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K]),
+}
+
+
 @pytest.fixture(scope="module")
 def ops():
     module = kernels.load_cpu_kernels()
@@ -52,14 +75,14 @@ def ops():
     return module
 
 
-def _inputs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(seed: int = 0, k: int = K) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(N, K, generator=g) * 0.1, torch.randn(max(ROWS), K, generator=g)
+    return torch.randn(N, k, generator=g) * 0.1, torch.randn(max(ROWS), k, generator=g)
 
 
-def assert_row_invariant(linear) -> None:
+def assert_row_invariant(linear, k: int = K) -> None:
     """`linear(x [M, K]) -> [M, N]`: every row of every M equals that row computed alone."""
-    _, x = _inputs()
+    _, x = _inputs(k=k)
     alone = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
     for m in ROWS:
         for offset in (0, max(ROWS) - m):  # the same rows at other places in the step
@@ -102,6 +125,34 @@ def test_every_table_forced_through_the_platform(ops, name):
             for n_threads in (1, 2):
                 torch.set_num_threads(n_threads)
                 assert_row_invariant(lambda x, q=quant_ops: q.linear(x, packed, bias, True))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("acts", ["int8", "fp32"])
+@pytest.mark.parametrize("name", list(KQUANTS))
+def test_kquant_kernels(ops, name, acts):
+    packed = KQUANTS[name]()
+    bias = torch.randn(KQUANT_N)
+    linear = CpuQuantOps(ops).linear
+    assert_row_invariant(lambda x: linear(x, packed, bias, acts == "int8"), KQUANT_K)
+
+
+def test_kquant_every_table_forced_through_the_platform(ops):
+    """The native K-quant int8 kernels (both formats: a fused Q4_K + Q6_K layer) on each table
+    the CPU has, forced as the platform forces it at start-up, on one thread and on two."""
+    packed = KQUANTS["Q4_K+Q6_K"]()
+    bias = torch.randn(KQUANT_N)
+    threads = torch.get_num_threads()
+    try:
+        for isa in ops.quant_isas():
+            quant_ops = CpuPlatform(DeviceConfig(quant_isa=isa)).quant_ops(torch.float32)
+            assert quant_ops.isa == isa
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                assert_row_invariant(
+                    lambda x, q=quant_ops: q.linear(x, packed, bias, True), KQUANT_K
+                )
     finally:
         torch.set_num_threads(threads)
 

@@ -43,6 +43,10 @@ SOURCES = [
     CSRC / "quant_avx2_f32.cpp",
     CSRC / "quant_vnni_i8.cpp",
     CSRC / "quant_vnni512.cpp",
+    CSRC / "kquant_ops.cpp",
+    CSRC / "kquant_scalar.cpp",
+    CSRC / "kquant_avx2.cpp",
+    CSRC / "kquant_vnni512.cpp",
 ]
 HEADERS = [
     CSRC / "attention.h",
@@ -52,6 +56,8 @@ HEADERS = [
     CSRC / "quant_avx2.h",
     CSRC / "quant_i8_passes.h",
     CSRC / "moe_stack.h",
+    CSRC / "kquant.h",
+    CSRC / "kquant_passes.h",
 ]
 MODULE_NAME = "pytgi_cpu_ops"
 # how a build directory's sources are laid out (copied into it, `_staged_sources`): part of its

@@ -19,7 +19,8 @@ from types import ModuleType
 import torch
 
 from pytgi.backends.base import QuantOps
-from pytgi.backends.cpu import quant_packing
+from pytgi.backends.cpu import kquant_layout, quant_packing
+from pytgi.backends.cpu.kquant_layout import KQuantStack, PackedKQuantWeight
 from pytgi.backends.cpu.quant_layout import (
     GROUP,
     INT4,
@@ -51,11 +52,32 @@ class CpuQuantOps(QuantOps):
     def linear(
         self, x: torch.Tensor, packed: PackedQuantWeight, bias: torch.Tensor | None, int8_acts: bool
     ) -> torch.Tensor:
+        if getattr(packed, "kernel_family", None) == kquant_layout.KERNEL_FAMILY:
+            return self._kquant_linear(x, packed, bias, int8_acts)
         if self.module is not None:
             return self.module.quant_linear(x, *packed.kernel_args(), bias, int8_acts, self.isa)
         return torch_linear(x, packed, bias)
 
+    def _kquant_linear(self, x, packed, bias, int8_acts: bool) -> torch.Tensor:
+        """Native Q4_K / Q6_K (kquant_layout.py): one kernel call per run of one type."""
+        if self.module is None:
+            return kquant_layout.torch_linear(x, packed, bias)
+        if isinstance(packed, PackedKQuantWeight):
+            return self.module.kquant_linear(x, *packed.kernel_args(), bias, int8_acts, self.isa)
+        biases = [None] * len(packed.parts) if bias is None else bias.split(
+            [p.n for p in packed.parts])  # fmt: skip
+        return torch.cat(
+            [self.module.kquant_linear(x, *p.kernel_args(), b, int8_acts, self.isa)
+             for p, b in zip(packed.parts, biases, strict=True)], dim=1,
+        )  # fmt: skip
+
     def rows(self, ids: torch.Tensor, packed: PackedQuantWeight) -> torch.Tensor:
+        if isinstance(packed, KQuantStack):
+            return packed.rows(ids)
+        if isinstance(packed, PackedKQuantWeight):
+            if self.module is None:
+                return packed.rows(ids)
+            return self.module.kquant_rows(ids.contiguous(), *packed.kernel_args())
         if self.module is not None:
             return self.module.quant_rows(ids.contiguous(), *packed.kernel_args(), self.isa)
         return packed.rows(ids)

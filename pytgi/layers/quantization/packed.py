@@ -166,6 +166,8 @@ class PackedLinearMethod(LinearMethod):
         packed = layer.quant_packed
         if not (self.ops.compiled and self.policy.int8_acts(1) and packed.takes_int8_activations):
             return None
+        if getattr(packed, "kernel_family", None) == "kquant":
+            return None  # native K-quants (Q4_K / Q6_K) are not in the decode stack yet
         layout = (packed.format, packed.n, packed.k, packed.scale_block)
         tensors = {
             f"{name}.codes": packed.codes,

@@ -18,6 +18,49 @@ import torch
 from pytgi.errors import ModelLoadError
 
 
+@dataclass
+class SuperBlocks:
+    """The 256-wide super-block fields of a GGUF K-quant tensor, kept beside its decoded codes so
+    that the CPU kernels can run it in its own layout (backends/cpu/kquant_layout.py):
+
+        Q4_K: w = (d * sub_scales[b]) * code - dmin * sub_mins[b]   (b: 32-wide sub-block)
+        Q6_K: w = (d * sub_scales[h]) * code                        (h: 16-wide sub-block)
+    """
+
+    type: str  # "Q4_K" or "Q6_K"
+    d: torch.Tensor  # [N, K / 256] float32 (the fp16 field, widened exactly)
+    sub_scales: torch.Tensor  # [N, K / 256, 8] uint8 (Q4_K, 6-bit) or [N, K / 256, 16] int8 (Q6_K)
+    dmin: torch.Tensor | None = None  # [N, K / 256] float32 (Q4_K)
+    sub_mins: torch.Tensor | None = None  # [N, K / 256, 8] uint8 (Q4_K, 6-bit)
+
+    def _map(self, fn) -> SuperBlocks:
+        return SuperBlocks(
+            self.type, fn(self.d), fn(self.sub_scales),
+            None if self.dmin is None else fn(self.dmin),
+            None if self.sub_mins is None else fn(self.sub_mins),
+        )  # fmt: skip
+
+    def narrow(self, dim: int, start: int, length: int) -> SuperBlocks | None:
+        """Rows exactly; columns only on super-block boundaries (else None: the weight then runs
+        on the other kernels)."""
+        if dim == 0:
+            return self._map(lambda t: t.narrow(0, start, length))
+        if start % 256 or length % 256:
+            return None
+        return self._map(lambda t: t.narrow(1, start // 256, length // 256))
+
+    @staticmethod
+    def cat(parts: list[SuperBlocks | None]) -> SuperBlocks | None:
+        if any(p is None for p in parts) or len({p.type for p in parts}) != 1:
+            return None
+        first = parts[0]
+        return SuperBlocks(
+            first.type, torch.cat([p.d for p in parts]), torch.cat([p.sub_scales for p in parts]),
+            None if first.dmin is None else torch.cat([p.dmin for p in parts]),
+            None if first.sub_mins is None else torch.cat([p.sub_mins for p in parts]),
+        )  # fmt: skip
+
+
 def expand_blocks(per_block: torch.Tensor, block_size: int, k: int) -> torch.Tensor:
     """[N, blocks] -> [N, K]: each block's value repeated over its columns."""
     return per_block.repeat_interleave(block_size, dim=1)[:, :k]
@@ -31,6 +74,10 @@ class _BlockRows:
     block_size: int
     scales: torch.Tensor
     mins: torch.Tensor | None = None
+    superblocks: SuperBlocks | None = None
+
+    def _narrow_superblocks(self, dim: int, start: int, length: int) -> SuperBlocks | None:
+        return None if self.superblocks is None else self.superblocks.narrow(dim, start, length)
 
     @property
     def shape(self) -> torch.Size:
@@ -46,11 +93,15 @@ class _BlockRows:
             codes=self.codes.narrow(0, start, length),
             scales=self.scales.narrow(0, start, length),
             mins=None if self.mins is None else self.mins.narrow(0, start, length),
+            superblocks=self._narrow_superblocks(0, start, length),
         )
 
     def narrow_cols(self, start: int, length: int):
         if self.per_channel:  # one scale per row holds for any column slice
-            return replace(self, codes=self.codes.narrow(1, start, length), block_size=length)
+            return replace(
+                self, codes=self.codes.narrow(1, start, length), block_size=length,
+                superblocks=self._narrow_superblocks(1, start, length),
+            )  # fmt: skip
         k = self.codes.shape[1]
         ends_row = start + length == k  # a row's last block may be partial (ceil(K / block))
         if start % self.block_size or (length % self.block_size and not ends_row):
@@ -65,6 +116,7 @@ class _BlockRows:
             codes=self.codes.narrow(1, start, length),
             scales=self.scales.narrow(1, b0, nb),
             mins=None if self.mins is None else self.mins.narrow(1, b0, nb),
+            superblocks=self._narrow_superblocks(1, start, length),
         )
 
     def narrow(self, dim: int, start: int, length: int):
@@ -84,6 +136,7 @@ class _BlockRows:
             codes=torch.cat([p.codes for p in pieces]),
             scales=torch.cat([p.scales for p in pieces]),
             mins=None if first.mins is None else torch.cat([p.mins for p in pieces]),
+            superblocks=SuperBlocks.cat([p.superblocks for p in pieces]),
         )
 
 
@@ -104,6 +157,7 @@ class QuantizedWeight(_BlockRows):
     scales: torch.Tensor  # [N, K // block_size] float32
     mins: torch.Tensor | None  # [N, K // block_size] float32 for affine types, else None
     source: str = ""  # e.g. "Q4_K", "eetq": for log lines and /info
+    superblocks: SuperBlocks | None = None  # GGUF Q4_K / Q6_K: their super-block fields
 
     def __post_init__(self) -> None:
         n, k = self.codes.shape
@@ -156,6 +210,7 @@ class CodebookWeight(_BlockRows):
     scales: torch.Tensor  # [N, ceil(K / block_size)] float32
     source: str = ""  # "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8"
     mins: None = None
+    superblocks: None = None
 
     def layout_key(self) -> tuple:
         return (self.source, self.bits, self.block_size)

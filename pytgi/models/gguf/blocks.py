@@ -28,7 +28,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pytgi.errors import ModelLoadError
-from pytgi.layers.quantization.quantized_weight import QuantizedWeight
+from pytgi.layers.quantization.quantized_weight import QuantizedWeight, SuperBlocks
 
 Q = GGMLQuantizationType
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # codes [N, K], scales, mins [N, G]
@@ -53,7 +53,23 @@ def decode_blocks(data: np.ndarray, qtype: GGMLQuantizationType, name: str) -> Q
         scales=torch.from_numpy(scales.reshape(num_rows, -1)),
         mins=None if mins is None else torch.from_numpy(mins.reshape(num_rows, -1)),
         source=qtype.name,
+        superblocks=_superblocks(blocks, qtype),
     )
+
+
+def _superblocks(blocks: np.ndarray, qtype: GGMLQuantizationType) -> SuperBlocks | None:
+    """Q4_K / Q6_K [N, B, bytes] -> their super-block fields (the native K-quant kernels' input)."""
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    if qtype == Q.Q4_K:
+        sc, m = _k_scales_mins(blocks[..., 4:16])
+        d, dmin = _f16(blocks, 0)[..., 0], _f16(blocks, 2)[..., 0]
+        return SuperBlocks("Q4_K", t(d), t(sc), dmin=t(dmin), sub_mins=t(m))
+    if qtype == Q.Q6_K:
+        sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8)
+        return SuperBlocks("Q6_K", t(_f16(blocks, 208)[..., 0]), t(sc))
+    return None
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:

@@ -22,6 +22,7 @@ using namespace pytgi;
 namespace pytgi {
 void register_decode_stack(pybind11::module& m);  // decode_stack.cpp
 void register_quant(pybind11::module& m);         // quant_ops.cpp
+void register_kquant(pybind11::module& m);        // kquant_ops.cpp
 }
 
 // x [..., D] contiguous -> weight * x / sqrt(mean(x^2) + eps), per row (transformers' formula).
@@ -476,4 +477,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_scale") = 1.0);
   register_decode_stack(m);
   register_quant(m);
+  register_kquant(m);
 }

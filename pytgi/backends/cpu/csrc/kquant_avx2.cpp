@@ -1,0 +1,72 @@
+// The AVX2 table of the K-quant kernels: kquant_passes.h over ymm traits, one group (8 columns)
+// per pass, the byte dot products as maddubs + madd (exact: codes <= 63, activations within
+// +-127, so no int16 pair sum saturates).
+#include "kquant.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "kquant_passes.h"
+
+namespace pytgi {
+namespace kquant {
+namespace {
+
+struct Avx2 {
+  using V = __m256i;
+  using F = __m256;
+  static constexpr int kCols = 8;
+  static V zero() { return _mm256_setzero_si256(); }
+  static F zero_f() { return _mm256_setzero_ps(); }
+  static V load(const uint8_t* a, const uint8_t*) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  }
+  static V low4(V v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+  static V high4(V v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+  static V bits2(V v, int shift) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));
+  }
+  static V shl4(V v) { return _mm256_slli_epi16(v, 4); }
+  static V or_(V a, V b) { return _mm256_or_si256(a, b); }
+  static V dot(V acc, V u, V s) {
+    const V pairs = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
+  static V set1(int32_t x) { return _mm256_set1_epi32(x); }
+  static V add(V a, V b) { return _mm256_add_epi32(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_epi32(a, b); }
+  static V mullo(V a, V b) { return _mm256_mullo_epi32(a, b); }
+  static V load_u8(const uint8_t* a, const uint8_t*) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
+  }
+  static V load_i8(const uint8_t* a, const uint8_t*) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
+  }
+  static F load_f(const float* a, const float*) { return _mm256_loadu_ps(a); }
+  static F set1_f(float x) { return _mm256_set1_ps(x); }
+  static F cvt(V v) { return _mm256_cvtepi32_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.f)); }
+  static void store_f(float* out, F v) { _mm256_store_ps(out, v); }
+};
+
+}  // namespace
+
+const Kernels* avx2_kernels() {
+  static const Kernels table{"avx2", passes::gemm_i8<Avx2>};
+  return &table;
+}
+
+}  // namespace kquant
+}  // namespace pytgi
+
+#else
+
+namespace pytgi {
+namespace kquant {
+const Kernels* avx2_kernels() { return nullptr; }
+}  // namespace kquant
+}  // namespace pytgi
+
+#endif
