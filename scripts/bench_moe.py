@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # fixtures: the tokenizer
+
+import torch  # noqa: E402
 
 SHAPE = dict(
     vocab_size=49152,
