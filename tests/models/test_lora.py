@@ -236,6 +236,34 @@ def test_fused_stack_declines_adapters_it_does_not_hold(lora_dirs, monkeypatch, 
     assert runs[-1] == (True, False)
 
 
+def test_fused_stack_runs_adapter_rows_of_a_verify_step(lora_dirs, monkeypatch):
+    """A speculative verify step (4 queries per request after cached keys) with adapter rows runs
+    in the stack and equals the layer-by-layer path within fp32 tolerance."""
+    runner = lora_runner(lora_dirs)
+    seqs = prefilled(runner)
+    verify = step(
+        *(
+            scheduled(
+                rid,
+                ids + prompt(3, seed=60 + i),
+                len(ids) - 1,
+                len(ids) + 3,
+                table,
+                num_prompt=n,
+                adapter_id=a,
+            )  # fmt: skip
+            for i, (rid, (ids, table, n, a)) in enumerate(seqs.items())
+        )
+    )
+    accelerator, runs = runner.accelerator, counting_runs(runner.accelerator, monkeypatch)
+    runner.accelerator = None
+    reference = runner.forward(verify)
+    runner.accelerator = accelerator
+    fused = runner.forward(verify)
+    assert runs == [(True, True)]
+    assert (fused - reference).abs().max().item() <= 1e-5
+
+
 def test_fused_stack_adapter_rows_are_row_invariant(lora_dirs):
     """A row's logits in the fused stack do not depend on the step's other rows: base rows are
     bit-identical with or without adapter rows beside them, adapter rows alone or mixed, on one
