@@ -25,6 +25,16 @@
 // op-by-op kernels' own helpers (common.h), so the results do not depend on which thread ran
 // what, nor on the number of threads.
 //
+// LoRA rows: each adapted linear carries, per adapter slot, A [r, K] and B's column tiles
+// [C, r, 16]. A row whose adapter adapts the linear gets its shrink x A^T in the task that
+// produces its input row (the norms, the activation; o_proj's as one partial per KV head from
+// the attention tasks, added in head order) and its expand in each 16-column task, after the
+// base tile: y += (x A^T) B^T for that row alone, in a fixed order, so rows stay independent.
+//
+// Rows are tokens: a decode row, or one query of a verify step (its own slot, block table row
+// and visible length: the keys up to its position, its step's earlier queries' K/V stored by
+// the RoPE phase before attention runs).
+//
 // The residual stream: layer l's "branch" (what it adds to the stream) is down * multiplier
 // (sequential), o + down (parallel), or mlp_out_norm(down) (sandwich); the next layer's first
 // phase adds it, and the last phase writes the last layer's branch to `out`, so (out, residual)
