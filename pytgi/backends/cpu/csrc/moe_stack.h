@@ -225,10 +225,9 @@ void run_moe_mlp(const MoeMlp& moe, int64_t layer, int64_t rows, int64_t hidden,
     float* o = out + b * out_w;
     std::fill_n(o, hidden, 0.f);
     const int64_t* ids = s.ids.data() + b * k;
-    std::vector<int64_t> picks(ids, ids + k);
-    std::vector<int64_t> order(k);
+    std::vector<int64_t> order(k);  // the row's picks in ascending expert id
     for (int64_t j = 0; j < k; ++j) order[j] = j;
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return picks[a] < picks[c]; });
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return ids[a] < ids[c]; });
     for (int64_t j : order) {
       const float w = s.weights[b * k + j];
       const float* y = s.down.data() + s.position[b * k + j] * s.down_w;
