@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 from pytgi.messages.outputs import SchedulerOutput
 
-POLICIES = ("adaptive", "always")
 ACCEPTANCE_DECAY = 0.3  # weight of a request's newest verify step in its a_r, per step since
 STALE_WEIGHT = 0.5  # ... up to this after a pause (a probe sees what changed meanwhile)
 GLOBAL_DECAY = 0.05  # weight of one request-step in the global acceptance prior
