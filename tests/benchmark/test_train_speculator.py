@@ -46,11 +46,24 @@ def plain(tiny_model_factory) -> list[int]:
     return tokens
 
 
-def test_trained_heads_load_and_keep_greedy_outputs(tiny_model_factory, tmp_path, capsys, plain):
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> Path:
+    """The self-distilled rows file both tests pass (`--rows`): the second reads the first's."""
+    return tmp_path_factory.mktemp("rows") / "rows.pt"
+
+
+def _args(base: Path, out: Path, rows: Path) -> list[str]:
+    paths = ["--base", str(base), "--out", str(out), "--rows", str(rows)]
+    sizes = ["--heads", "2", "--max-prompts", "10", "--max-new-tokens", "12"]
+    return [*paths, *sizes, "--epochs", "2", "--batch", "16"]
+
+
+def test_trained_heads_load_and_keep_greedy_outputs(
+    tiny_model_factory, tmp_path, capsys, plain, rows
+):
     base = tiny_model_factory("llama")
     out = tmp_path / "medusa"
-    args = ["--base", str(base), "--out", str(out), "--heads", "2", "--max-prompts", "10"]
-    assert _script().main([*args, "--max-new-tokens", "12", "--epochs", "2", "--batch", "16"]) == 0
+    assert _script().main(_args(base, out, rows)) == 0
     printed = capsys.readouterr().out
     assert "head 1 (token +3): top-1" in printed
     config = json.loads((out / "config.json").read_text())
@@ -64,17 +77,20 @@ def test_trained_heads_load_and_keep_greedy_outputs(tiny_model_factory, tmp_path
     assert speculated == plain
 
 
-def test_trained_mlp_speculator_loads_and_keeps_greedy_outputs(tiny_model_factory, tmp_path, plain):
+def test_trained_mlp_speculator_loads_and_keeps_greedy_outputs(
+    tiny_model_factory, tmp_path, capsys, plain, rows
+):
     """`--kind mlp`: IBM's layout (tied weights: one emb/head/LN, proj.0 and proj.1), trained
     away from its start (the base model's embeddings, identity projections), loaded by pytgi as a
-    speculator whose drafts are verified, with greedy outputs equal to the base model's."""
+    speculator whose drafts are verified, with greedy outputs equal to the base model's; the
+    rows of an earlier run with the same settings (`--rows`) are read, not recomputed."""
     base = tiny_model_factory("llama")
     out = tmp_path / "mlp"
-    args = ["--kind", "mlp", "--base", str(base), "--out", str(out), "--heads", "3"]
-    args += ["--max-prompts", "10", "--max-new-tokens", "12", "--epochs", "2", "--batch", "16"]
-    assert _script().main(args) == 0
+    reused = rows.is_file()
+    assert _script().main(["--kind", "mlp", *_args(base, out, rows)]) == 0
+    assert ("rows read from" in capsys.readouterr().out) == reused
     config = json.loads((out / "config.json").read_text())
-    assert config["model_type"] == "mlp_speculator" and config["n_predict"] == 3
+    assert config["model_type"] == "mlp_speculator" and config["n_predict"] == 2
     assert config["tie_weights"] and Path(config["base_model_name_or_path"]) == base.resolve()
     tensors = load_file(out / "model.safetensors")
     names = ["emb.0", "head.0", "ln.0", "proj.0", "proj.1"]
