@@ -170,6 +170,10 @@ class CacheConfig:
             raise ConfigError("memory_fraction must be in (0, 1]")
 
 
+# --speculation-policy: when drafts are verified (engine/speculation_policy.py)
+SPECULATION_POLICIES = ("adaptive", "always")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch_prefill_tokens: int = 4096  # token budget of one step (prefill chunks + decodes)
@@ -186,7 +190,7 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.num_speculative_tokens < 0:
             raise ConfigError("`speculate` must be >= 0")
-        if self.speculation_policy not in ("adaptive", "always"):
+        if self.speculation_policy not in SPECULATION_POLICIES:
             raise ConfigError(
                 f"--speculation-policy must be adaptive or always, got '{self.speculation_policy}'"
             )

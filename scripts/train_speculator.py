@@ -161,6 +161,12 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--max-prompts", type=int, help="use only the first N prompts (smoke)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rows", type=Path,
+        help="keep the self-distilled rows (answers' hidden states and targets) in this file, "
+        "and read them from it when it holds those of the same base, prompts and settings "
+        "(train Medusa and the MLP speculator on one data pass)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path.home() / f".cache/pytgi-bench/smollm2-{args.kind}"
@@ -177,18 +183,18 @@ def main(argv=None) -> int:
     if args.max_prompts:
         prompts = prompts[: args.max_prompts]
     train_prompts, held_prompts = split(prompts)
-    seqs, plens = answers(args.base, train_prompts + held_prompts, args.max_new_tokens)
-    n = len(train_prompts)
-    generated = sum(len(s) - p for s, p in zip(seqs, plens, strict=True))
-    print(
-        f"[{time.monotonic() - start:5.0f} s] {len(seqs)} answers, {generated} tokens", flush=True
-    )
     model = AutoModelForCausalLM.from_pretrained(args.base, dtype=torch.float32).eval()
     lm_head = model.get_output_embeddings().weight.detach()  # [V, H]
-    train_h, train_t, train_in = hidden_rows(model, seqs[:n], plens[:n], args.heads)
-    held_h, held_t, held_in = hidden_rows(model, seqs[n:], plens[n:], args.heads)
-    print(f"[{time.monotonic() - start:5.0f} s] hidden states: {len(train_h)} training rows, "
-          f"{len(held_h)} held-out rows", flush=True)  # fmt: skip
+    key = [str(Path(args.base).resolve()), train_prompts, held_prompts, args.max_new_tokens]
+    key.append(args.heads)
+    if args.rows is not None and args.rows.is_file() and torch.load(args.rows)["key"] == key:
+        rows = torch.load(args.rows)["rows"]
+        print(f"[{time.monotonic() - start:5.0f} s] rows read from {args.rows}", flush=True)
+    else:
+        rows = distilled_rows(args, model, train_prompts, held_prompts, start)
+        if args.rows is not None:
+            torch.save({"key": key, "rows": rows}, args.rows)
+    (train_h, train_t, train_in), (held_h, held_t, held_in) = rows
     if args.kind == "medusa":
         blocks = train(
             train_h, train_t, lm_head, args.heads, args.epochs, args.lr, args.batch, args.seed
@@ -209,6 +215,21 @@ def main(argv=None) -> int:
     print(f"  expected tokens per step: {1 + sum(chain):.2f}")
     print(f"done in {time.monotonic() - start:.0f} s: {args.out}")
     return 0
+
+
+def distilled_rows(args, model, train_prompts, held_prompts, start: float):
+    """((hidden, targets, inputs) of the training prompts, the same of the held-out ones)."""
+    seqs, plens = answers(args.base, train_prompts + held_prompts, args.max_new_tokens)
+    n = len(train_prompts)
+    generated = sum(len(s) - p for s, p in zip(seqs, plens, strict=True))
+    print(
+        f"[{time.monotonic() - start:5.0f} s] {len(seqs)} answers, {generated} tokens", flush=True
+    )
+    train_rows = hidden_rows(model, seqs[:n], plens[:n], args.heads)
+    held_rows = hidden_rows(model, seqs[n:], plens[n:], args.heads)
+    print(f"[{time.monotonic() - start:5.0f} s] hidden states: {len(train_rows[0])} training "
+          f"rows, {len(held_rows[0])} held-out rows", flush=True)  # fmt: skip
+    return train_rows, held_rows
 
 
 def save(out: Path, base: Path, blocks, vocab: int) -> None:

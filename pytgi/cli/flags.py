@@ -11,7 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pytgi import envs
-from pytgi.config import KV_CACHE_DTYPES, MODEL_IMPLEMENTATIONS, ROPE_SCALINGS, GrammarConfig
+from pytgi.config import (
+    KV_CACHE_DTYPES,
+    MODEL_IMPLEMENTATIONS,
+    ROPE_SCALINGS,
+    SPECULATION_POLICIES,
+    GrammarConfig,
+)
 from pytgi.router.images.config import ImageConfig
 
 
@@ -171,7 +177,7 @@ ENGINE_FLAGS = [
         "pytgi extension: adaptive (default) verifies drafts only in steps where the measured "
         "acceptance and step costs say they gain tokens per second; always verifies them in every "
         "step, as TGI",
-        choices=("adaptive", "always"),
+        choices=SPECULATION_POLICIES,
     ),  # fmt: skip
     Flag(
         "--disable-custom-kernels",

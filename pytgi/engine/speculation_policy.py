@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 from pytgi.messages.outputs import SchedulerOutput
 
-POLICIES = ("adaptive", "always")
 ACCEPTANCE_DECAY = 0.3  # weight of a request's newest verify step in its a_r, per step since
 STALE_WEIGHT = 0.5  # ... up to this after a pause (a probe sees what changed meanwhile)
 GLOBAL_DECAY = 0.05  # weight of one request-step in the global acceptance prior
@@ -104,25 +103,27 @@ class SpeculationPolicy:
         # requests whose proposals were withheld last step (a trained speculator's: no drafts)
         self._withheld = {r for r in ids if not self.propose(r)} if self.model_drafts else set()
         self._decided = set(ids)
+        self._draft_now, self._propose_next = self._choose(decoding)
+        self._count(decoding)
+
+    def _choose(self, decoding: list[tuple[str, int]]) -> tuple[set[str], set[str]]:
+        """(requests verifying drafts now, requests to draft for next step)."""
+        ids = [rid for rid, _ in decoding]
         if self.always:
-            self._draft_now = set(ids)
-            self._propose_next = set(ids)
-            self._count(decoding)
-            return
+            return set(ids), set(ids)
         num = len(decoding)
         costs = self.costs.get(batch_bucket(num), StepCosts())
         kappa, measured = self._kappa(batch_bucket(num))
         if self._probe_due(self.step, kappa):  # the opposite regime, once
             self._probe_from = self.drafting
             self.last_probe = self.step
-            self._draft_now = set() if self.drafting else set(ids)
             # a plain probe proposes nothing either, so its time is the decode cost
-            self._propose_next = set() if self.drafting else set(ids)
+            chosen = proposed = set() if self.drafting else set(ids)
         else:
-            self._draft_now = self._decide(num, costs, kappa, measured, decoding)
-            self._propose_next = self._plan_proposals(num, costs, kappa, measured, ids)
-        self._propose_new = bool(self._propose_next) or (self.drafting and not ids)
-        self._count(decoding)
+            chosen = self._decide(num, costs, kappa, measured, decoding)
+            proposed = self._plan_proposals(num, costs, kappa, measured, ids)
+        self._propose_new = bool(proposed) or (self.drafting and not ids)
+        return chosen, proposed
 
     def _kappa(self, bucket: int) -> tuple[float | None, bool]:
         """(kappa, measured): the bucket's own when measured; else the largest measured at a

@@ -21,14 +21,16 @@ def periodic_with_surprises(history: list[int]) -> int:
     return history[-3]
 
 
-def make_core(speculate: int, num_blocks: int = 64, prefill: int = 16, kv_groups=()):
+def make_core(
+    speculate: int, num_blocks: int = 64, prefill: int = 16, kv_groups=(), policy="always"
+):
     config = EngineConfig(
         model=ModelConfig("fake"),
         cache=CacheConfig(block_size=4),
         scheduler=SchedulerConfig(
             max_batch_prefill_tokens=prefill,
             num_speculative_tokens=speculate,
-            speculation_policy="always",
+            speculation_policy=policy,  # TGI's: every step with drafts verifies them
         ),
     )
     executor = FakeExecutor(num_blocks, 4, next_token=periodic_with_surprises, kv_groups=kv_groups)
@@ -105,3 +107,17 @@ def test_drafts_with_a_window_group_keep_outputs():
     assert spec == plain
     assert core.stats().num_accepted_draft_tokens > 0
     assert [g.pool.num_free_blocks for g in core.scheduler.kv.groups] == [40, 12]
+
+
+def test_the_adaptive_policy_keeps_outputs_whatever_it_decides():
+    """The default policy decides from wall times (here, the fake executor's: noise), so its
+    decisions vary from run to run; the outputs may not."""
+    plain, _, _, _ = run(0)
+    core, _ = make_core(4, policy="adaptive")
+    for rid, prompt in PROMPTS.items():
+        core.add_request(request(rid, prompt, max_new=30))
+    outputs, _ = run_all(core)
+    assert outputs == plain
+    stats = core.stats()
+    assert stats.num_speculation_steps_drafted + stats.num_speculation_steps_skipped > 0
+    assert core.scheduler.kv.num_free_blocks == 64

@@ -74,19 +74,30 @@ class Alternating(SpeculationPolicy):
     """Drafts in two steps of every three and proposes accordingly: speculation switched on and
     off mid-request, the way the adaptive policy switches it, on a fixed schedule."""
 
-    def begin_step(self, decoding):
-        self.step += 1
+    def _choose(self, decoding):
         ids = {rid for rid, _ in decoding}
-        self._draft_now = ids if self.step % 3 else set()
-        self._propose_next = ids if (self.step + 1) % 3 else set()
-        self._count(decoding)
+        return (ids if self.step % 3 else set()), (ids if (self.step + 1) % 3 else set())
 
 
 def _run_switching(model_id: str, speculate: int) -> tuple[list, object]:
     """As `_run`, with the drafts switched on and off (`speculate` 0: as many as the heads)."""
     llm = LLM(model_id, block_size=16, num_blocks=64, speculate=speculate)
     scheduler = llm.core.scheduler
-    scheduler.policy = Alternating(scheduler.config.num_speculative_tokens)
+    config = scheduler.config
+    scheduler.policy = Alternating(config.num_speculative_tokens, model_drafts=config.model_drafts)
+    execute = llm.core.executor.execute
+
+    def proposing_only_where_asked(output, masks=None):
+        """A trained speculator drafts for the requests asked (`propose_drafts`) and no other."""
+        result = execute(output, masks)
+        asked = {r.request_id for r in output.requests if r.propose_drafts and r.sample}
+        assert set(result.draft_ids) == (asked if scheduler.config.model_drafts else set())
+        unasked[0] += sum(r.sample and not r.propose_drafts for r in output.requests)
+        return result
+
+    unasked = [0]
+
+    llm.core.executor.execute = proposing_only_where_asked
     try:
         prompts = _prompts()
         greedy = llm.generate(prompts, max_new_tokens=NEW_TOKENS, ignore_eos=True)
@@ -95,6 +106,7 @@ def _run_switching(model_id: str, speculate: int) -> tuple[list, object]:
         stats = llm.core.stats()
     finally:
         llm.close()
+    assert unasked[0] > 0  # the policy also left proposals off
     return [(o.token_ids, o.logprobs) for o in greedy + seeded], stats
 
 
