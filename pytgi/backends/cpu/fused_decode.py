@@ -1,5 +1,6 @@
 """The CPU decode-step accelerator: a decode-only step's whole decoder stack in one kernel call
-(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph.
+(csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph. It stores and reads the
+KV cache in any `--kv-cache-dtype` format in place (csrc/attention.h), with each layer's scales.
 
 The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
 layers' tensors (`CausalLM.fused_decode_layers`: fp32 packed tiles, or quantized weights in their
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache, KVScales
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,13 @@ def unsupported_features(spec) -> list[str]:
 class FusedDecodeStack(DecodeAccelerator):
     name = "cpu-fused-decode"
 
-    def __init__(self, stack, layer_names: list[str]):
+    def __init__(self, stack, layer_names: list[str], kv_scales: list[KVScales] | None = None):
         self.stack = stack  # the compiled DecodeStack over the layers' packed weights
         self.layer_names = layer_names  # attention layer names, in layer order
+        # the scales each layer's cache is stored and read with (fp8_e4m3fn's checkpoint scales)
+        scales = kv_scales or [KVScales()] * len(layer_names)
+        self.k_scales = [s.k_scale for s in scales]
+        self.v_scales = [s.v_scale for s in scales]
         # each layer's KV group (None: one block table for every layer), set with the caches
         self.layer_groups: list[int] | None = None
 
@@ -141,7 +146,8 @@ class FusedDecodeStack(DecodeAccelerator):
             "fused decode stack on (%d layers%s)", spec.num_layers,
             f", {quantized} quantized linears on the {stack.isa} kernels" if quantized else "",
         )  # fmt: skip
-        return cls(stack, [name for name, _ in layers])
+        names = [name for name, _ in layers]
+        return cls(stack, names, _applied_kv_scales(model, names))
 
     def for_step(
         self, batch: AttentionBatch, metadata, kv_caches: dict[str, KVCache]
@@ -169,6 +175,15 @@ class FusedDecodeStack(DecodeAccelerator):
                 batch.block_size,
                 [k for k, _ in caches],
                 [v for _, v in caches],
+                self.k_scales,
+                self.v_scales,
             )
 
         return run
+
+
+def _applied_kv_scales(model: torch.nn.Module, names: list[str]) -> list[KVScales]:
+    """The KV scales each named attention layer's implementation stores and reads its cache
+    with (CpuAttentionImpl.scales: the checkpoint's for an fp8_e4m3fn cache, else 1.0)."""
+    impls = {m.layer_name: m.impl for m in model.modules() if hasattr(m, "layer_name")}
+    return [getattr(impls.get(name), "scales", KVScales()) for name in names]
