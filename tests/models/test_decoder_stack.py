@@ -19,6 +19,7 @@ from models.runner_utils import BlockAllocator, make_runner, prompt, scheduled, 
 
 from pytgi.backends.cpu.fused_decode import unsupported_features
 from pytgi.backends.cpu.kernels import load_cpu_kernels
+from pytgi.worker.model_runner import ModelRunner
 
 LENGTHS = (1, 3, 9, 16, 17, 25, 31, 40, 47)  # mistral's window is 24
 NATIVE_ARCHS = [a for a in ARCHS if a not in FALLBACK_ARCHS]  # the fallback has no fused stack
@@ -117,6 +118,32 @@ def check_fused_matches_layer_by_layer(runner, monkeypatch):
             rid: (ids + [int(row.argmax())], table, n)
             for (rid, (ids, table, n)), row in zip(seqs.items(), fused, strict=True)
         }
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["bfloat16", "fp8_e4m3fn", "int8"])
+def test_fused_decode_reads_narrow_caches_as_the_layers_do(
+    kv_cache_dtype, tiny_model_factory, monkeypatch
+):
+    """The stack stores and reads a narrow cache in place as the layers' kernels do (fp8_e4m3fn
+    with per-layer scales, int8 with its per-row scales)."""
+    from models.runner_utils import engine_config
+
+    from pytgi.backends.base import KVScales
+    from pytgi.backends.cpu.fused_decode import FusedDecodeStack
+    from pytgi.backends.selector import select_platform
+    from pytgi.layers.attention import Attention
+
+    model_dir = tiny_model_factory("llama")
+    narrow = ModelRunner(engine_config(model_dir, kv_cache_dtype=kv_cache_dtype), select_platform())
+    narrow.load_model(model_dir)
+    if kv_cache_dtype == "fp8_e4m3fn":  # the checkpoint's scales, 0.5 / 2.0 in every layer
+        for m in narrow.model.modules():
+            if isinstance(m, Attention):
+                m.impl.set_kv_scales(KVScales(0.5, 2.0))
+        narrow.accelerator = FusedDecodeStack.for_model(narrow.model, load_cpu_kernels())
+        assert narrow.accelerator.k_scales == [0.5] * narrow.model.spec.num_layers
+    narrow.allocate_kv_cache(128)
+    check_fused_matches_layer_by_layer(narrow, monkeypatch)
 
 
 def test_fused_decode_is_the_same_on_any_number_of_threads(runner):

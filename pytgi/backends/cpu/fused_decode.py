@@ -2,7 +2,8 @@
 (csrc/decode_stack.cpp), the CPU's counterpart of a captured CUDA graph. It takes decode-only
 steps and steps whose every row is decode-like (a speculative verify step's k + 1 rows, a short
 continuation: each query runs as a decode row on the layer-by-layer path as well, so the stack
-runs each token as one stack row with its own visible length).
+runs each token as one stack row with its own visible length). It stores and reads the
+KV cache in any `--kv-cache-dtype` format in place (csrc/attention.h), with each layer's scales.
 
 The model runner owns it and asks it per step (`for_step`). A model opts in by returning its
 layers' tensors (`CausalLM.fused_decode_layers`: fp32 packed tiles, or quantized weights in their
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache
+from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache, KVScales
 from pytgi.backends.cpu.attention import DECODE_LIKE_ROWS
 from pytgi.layers.moe.config import SOFTMAX_TOPK, MoEConfig
 
@@ -139,12 +140,23 @@ def unsupported_features(spec) -> list[str]:
 class FusedDecodeStack(DecodeAccelerator):
     name = "cpu-fused-decode"
 
-    def __init__(self, stack, layer_names: list[str], num_adapters: int = 0, lora_off: str = ""):
+    def __init__(
+        self,
+        stack,
+        layer_names: list[str],
+        num_adapters: int = 0,
+        lora_off: str = "",
+        kv_scales: list[KVScales] | None = None,
+    ):
         self.stack = stack  # the compiled DecodeStack over the layers' packed weights
         self.layer_names = layer_names  # attention layer names, in layer order
         self.num_adapters = num_adapters  # LoRA slots 1..num_adapters the stack holds
         self.lora_off = lora_off  # why steps with adapter rows run layer by layer ("": they don't)
         self._lora_off_logged = False
+        # the scales each layer's cache is stored and read with (fp8_e4m3fn's checkpoint scales)
+        scales = kv_scales or [KVScales()] * len(layer_names)
+        self.k_scales = [s.k_scale for s in scales]
+        self.v_scales = [s.v_scale for s in scales]
         # each layer's KV group (None: one block table for every layer), set with the caches
         self.layer_groups: list[int] | None = None
 
@@ -206,7 +218,8 @@ class FusedDecodeStack(DecodeAccelerator):
         if lora_off:
             logger.info("fused decode stack: steps with adapter rows run layer by layer: %s",
                         lora_off)  # fmt: skip
-        return cls(stack, [name for name, _ in layers], num_adapters, lora_off)
+        names = [name for name, _ in layers]
+        return cls(stack, names, num_adapters, lora_off, _applied_kv_scales(model, names))
 
     def for_step(
         self,
@@ -248,6 +261,8 @@ class FusedDecodeStack(DecodeAccelerator):
                 [k for k, _ in caches],
                 [v for _, v in caches],
                 adapter_slots,
+                self.k_scales,
+                self.v_scales,
             )
 
         return run
@@ -287,3 +302,10 @@ def _lora_coverage(model: torch.nn.Module, layers) -> tuple[int, str]:
         return 0, "LoRA adapters on linear layers outside the fused stack"
     slots = [s for m in model.modules() for s in getattr(m, "lora_adapters", {})]
     return max(slots), ""
+
+
+def _applied_kv_scales(model: torch.nn.Module, names: list[str]) -> list[KVScales]:
+    """The KV scales each named attention layer's implementation stores and reads its cache
+    with (CpuAttentionImpl.scales: the checkpoint's for an fp8_e4m3fn cache, else 1.0)."""
+    impls = {m.layer_name: m.impl for m in model.modules() if hasattr(m, "layer_name")}
+    return [getattr(impls.get(name), "scales", KVScales()) for name in names]

@@ -30,6 +30,11 @@ def read_mem_available_bytes(path: str = "/proc/meminfo") -> int:
     return page_size * pages
 
 
+# the cache dtypes the compiled kernels store and read (csrc/attention.h)
+KERNEL_KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                    torch.float8_e5m2, torch.int8)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class CpuPlatform(Platform):
     """Frozen: the compiled kernels and the quantized kernel table (`quant_isa`, e.g. "avx512vnni"
@@ -77,7 +82,8 @@ class CpuPlatform(Platform):
     def decode_accelerator(
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype
     ) -> DecodeAccelerator | None:
-        kernels = self.kernels_for(kv_cache_dtype)
+        # the stack reads every cache format below an fp32 model (whose packed weights it needs)
+        kernels = self.kernels_for(torch.float32) if kv_cache_dtype in KERNEL_KV_DTYPES else None
         if kernels is None or not self.config.decode_accelerator:
             return None
         from pytgi.backends.cpu.fused_decode import FusedDecodeStack

@@ -177,9 +177,32 @@ inline KvRows kv_head_rows(const at::Tensor& cache, int64_t head, float scale) {
           row_bytes, fmt, scale};
 }
 
+// One layer's K or V cache [KVH, num_slots, row] (the fused decode stack's view): its format, the
+// layer's scale, and the rows of each head.
+struct KvCache {
+  uint8_t* data = nullptr;
+  KvFormat fmt = kKvF32;
+  float scale = 1.f;
+  int64_t num_slots = 0, d = 0;
+
+  KvRows head(int64_t h) const {
+    const int64_t rb = kv_row_bytes(fmt, d);
+    return {data + h * num_slots * rb, rb, fmt, scale};
+  }
+  // x [d] -> head h's row at `slot`.
+  void store(int64_t h, int64_t slot, const float* x) const {
+    store_row(data + h * num_slots * kv_row_bytes(fmt, d), fmt, scale, slot, x, d);
+  }
+};
+
 // A cache's head_dim: its rows' width, less int8's 4 scale bytes.
 inline int64_t kv_head_dim(const at::Tensor& cache) {
   return cache.scalar_type() == at::kChar ? cache.size(2) - 4 : cache.size(2);
+}
+
+inline KvCache kv_cache_of(const at::Tensor& cache, float scale) {
+  return {static_cast<uint8_t*>(cache.data_ptr()), kv_format_of(cache.scalar_type()), scale,
+          cache.size(1), kv_head_dim(cache)};
 }
 
 // ---- score modifiers ------------------------------------------------------------------------

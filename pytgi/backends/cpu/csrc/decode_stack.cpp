@@ -270,13 +270,17 @@ class DecodeStack {
                                              const at::Tensor& seq_lens, int64_t block_size,
                                              const std::vector<at::Tensor>& k_caches,
                                              const std::vector<at::Tensor>& v_caches,
-                                             const std::optional<at::Tensor>& adapters) const {
+                                             const std::optional<at::Tensor>& adapters,
+                                             const std::vector<double>& k_scales = {},
+                                             const std::vector<double>& v_scales = {}) const {
     const size_t n = layers_.size();
     TORCH_CHECK((slots.size() == 1 || slots.size() == n) && block_tables.size() == slots.size(),
                 "one slot tensor and block table for every layer, or one each per layer");
     check_caches(k_caches, v_caches);
     const int64_t rows = hidden.size(0);
-    std::vector<float*> k_ptrs, v_ptrs;
+    TORCH_CHECK(k_scales.size() == v_scales.size() && (k_scales.empty() || k_scales.size() == n),
+                "no KV scales, or one K and one V scale per layer");
+    std::vector<KvCache> k_ptrs, v_ptrs;  // any format of attention.h, with the layer's scales
     std::vector<const int64_t*> slot_ptrs, table_ptrs;
     std::vector<int64_t> widths, layer_slots;
     std::vector<std::tuple<const void*, const void*, int64_t>> checked;
@@ -289,8 +293,8 @@ class DecodeStack {
         check_inputs(hidden, cos, sin, slots[t], block_tables[t], seq_lens, block_size, num_slots);
         checked.push_back(key);
       }
-      k_ptrs.push_back(k_caches[i].data_ptr<float>());
-      v_ptrs.push_back(v_caches[i].data_ptr<float>());
+      k_ptrs.push_back(kv_cache_of(k_caches[i], k_scales.empty() ? 1.f : k_scales[i]));
+      v_ptrs.push_back(kv_cache_of(v_caches[i], v_scales.empty() ? 1.f : v_scales[i]));
       slot_ptrs.push_back(slots[t].data_ptr<int64_t>());
       table_ptrs.push_back(block_tables[t].data_ptr<int64_t>());
       widths.push_back(block_tables[t].size(1));
@@ -366,7 +370,7 @@ class DecodeStack {
     const int64_t* table_width;                    // per layer
     const int64_t* seq_lens;
     int64_t block_size;
-    float *const *k_caches, *const *v_caches;  // per layer, [KVH, num_slots, D]
+    const KvCache *k_caches, *v_caches;  // per layer, [KVH, num_slots, row]
     const int64_t* num_slots;                  // per layer
     float *residual, *out;
     const int64_t* adapters;  // [B] each row's adapter slot, or null: no adapter row
@@ -375,7 +379,7 @@ class DecodeStack {
   struct LayerCache {
     const int64_t *slots, *tables;
     int64_t table_width, num_slots;
-    float *k, *v;
+    KvCache k, v;
   };
   // The buffers' rows as raw pointers, with their widths.
   struct Rows {
@@ -517,8 +521,8 @@ class DecodeStack {
     return any ? slots : nullptr;
   }
 
-  // Every layer's K and V caches: [kv_heads, slots, head_dim], K's and V's alike (the number of
-  // slots may differ between layers of different KV groups).
+  // Every layer's K and V caches: [kv_heads, slots, row] of one format of attention.h, K's and
+  // V's alike (the number of slots may differ between layers of different KV groups).
   void check_caches(const std::vector<at::Tensor>& k_caches,
                     const std::vector<at::Tensor>& v_caches) const {
     TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
@@ -526,10 +530,10 @@ class DecodeStack {
     for (size_t i = 0; i < layers_.size(); ++i) {
       const int64_t num_slots = k_caches[i].dim() == 3 ? k_caches[i].size(1) : -1;
       for (const at::Tensor* t : {&k_caches[i], &v_caches[i]}) {
-        check_f32(*t, "KV cache");
         TORCH_CHECK(t->is_contiguous() && t->dim() == 3 && t->size(0) == kv_heads_ &&
-                        t->size(1) == num_slots && t->size(2) == head_dim_,
-                    "KV caches must be [kv_heads, slots, head_dim], K's and V's alike");
+                        t->size(1) == num_slots && kv_head_dim(*t) == head_dim_ &&
+                        t->scalar_type() == k_caches[i].scalar_type(),
+                    "KV caches must be [kv_heads, slots, row] of head_dim, K's and V's alike");
       }
     }
   }
@@ -757,9 +761,8 @@ class DecodeStack {
     }
     const int64_t slot = lc.slots[b];
     for (int64_t h = 0; h < kv_heads_; ++h) {
-      std::copy_n(qkv_row + (heads_ + h) * d, d, lc.k + (h * lc.num_slots + slot) * d);
-      std::copy_n(qkv_row + (heads_ + kv_heads_ + h) * d, d,
-                  lc.v + (h * lc.num_slots + slot) * d);
+      lc.k.store(h, slot, qkv_row + (heads_ + h) * d);
+      lc.v.store(h, slot, qkv_row + (heads_ + kv_heads_ + h) * d);
     }
   }
 
@@ -769,9 +772,8 @@ class DecodeStack {
     const int64_t d = head_dim_, group = heads_ / kv_heads_, seq_len = s.seq_lens[b];
     const int64_t first = l.window > 0 ? std::max<int64_t>(0, seq_len - l.window) : 0;
     attend_kv_head(qkv_row + h * group * d, d, group, lc.tables + b * lc.table_width,
-                   s.block_size, first, seq_len - first, lc.k + h * lc.num_slots * d,
-                   lc.v + h * lc.num_slots * d, d, scale_, attn + (b * heads_ + h * group) * d,
-                   scratch, softcap_, l.alibi == nullptr ? nullptr : l.alibi + h * group);
+                   s.block_size, first, seq_len - first, lc.k.head(h), lc.v.head(h), d, scale_,
+                   attn + (b * heads_ + h * group) * d, scratch, softcap_, l.alibi == nullptr ? nullptr : l.alibi + h * group);
   }
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, inter_;
@@ -810,6 +812,7 @@ void register_decode_stack(pybind11::module& m) {
       .def("forward", &DecodeStack::forward, py::arg("hidden"), py::arg("cos"), py::arg("sin"),
            py::arg("slots"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("block_size"),
            py::arg("k_caches"), py::arg("v_caches"), py::arg("adapters") = py::none(),
+           py::arg("k_scales") = std::vector<double>{}, py::arg("v_scales") = std::vector<double>{},
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("isa", &DecodeStack::isa);
 }
