@@ -219,7 +219,8 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class DeviceConfig:
     """What the platform may use, decided before the model is built (the CLI fills it from
-    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE, PYTGI_QUANT_ISA, TORCH_EXTENSIONS_DIR and
+    PYTGI_DEVICE, PYTGI_CPU_KERNELS, PYTGI_FUSED_DECODE, PYTGI_QUANT_ISA, PYTGI_NATIVE_KQUANTS,
+    TORCH_EXTENSIONS_DIR and
     the --cuda-* flags): the device,
     compiled kernels for the layers, and the decode-step accelerator (the fused CPU decode stack;
     CUDA-graph replay on GPU, over the `cuda_graphs` batch sizes; empty = eager)."""
@@ -231,6 +232,9 @@ class DeviceConfig:
     cuda_memory_fraction: float = 1.0  # of the GPU's total memory pytgi may use
     # PYTGI_QUANT_ISA: the compiled quantized-kernel table (auto: the best this CPU has)
     quant_isa: str = "auto"
+    # PYTGI_NATIVE_KQUANTS=1: GGUF Q4_K / Q6_K on their own super-block kernels (off until their
+    # speed is measured: they are widened into the int4 / int8 kernels otherwise)
+    native_kquants: bool = False
     # TORCH_EXTENSIONS_DIR: root of the compiled CPU kernels' builds; None: torch's default
     kernel_build_root: str | None = None
 

@@ -80,6 +80,7 @@ def device_config():
         cuda_graphs=DEFAULT_CUDA_GRAPHS if graphs is None else parse_cuda_graphs(graphs),
         cuda_memory_fraction=1.0 if fraction is None else float(fraction),
         quant_isa=quant_isa(),
+        native_kquants=get_bool("PYTGI_NATIVE_KQUANTS"),
         kernel_build_root=torch_extensions_dir(),
     )
 

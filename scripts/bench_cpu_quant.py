@@ -10,6 +10,11 @@ every call streams them from DRAM, as a decode step does; larger M is compute-bo
 `--isas avx2,avx512_vnni` times the int8-activation kernels of each named table (quant.h's
 dispatch; default: the one `auto` picks) in the same interleaved passes, labelled by table.
 
+GGUF K-quants (shapes whose K is a multiple of 256): `q4_k` / `q6_k` are the native super-block
+kernels (kquant.h), `q4_k wide` / `q6_k wide` the same blocks widened into the 4-bit / int8
+kernels as before them. Their blocks are random bytes with a fixed d (gguf's Python package
+cannot quantize K-quants); the kernels' time does not depend on the values.
+
 Methods are measured interleaved (one pass of each per repeat) and the best pass is kept. With
 one thread the default clock is the thread's CPU time (`--clock cpu`), which a descheduled
 process does not accumulate: on a shared machine it measures the kernels, not the neighbours
@@ -23,9 +28,12 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pytgi.backends.cpu.kernels import load_cpu_kernels
+from pytgi.backends.cpu.kquant_layout import PackedKQuantWeight, pack_kquant
 from pytgi.backends.cpu.quant_layout import FP8, PackedQuantWeight
 from pytgi.backends.cpu.quant_packing import pack_codebook, pack_quantized
 from pytgi.layers.quantization.quantizers import (
@@ -37,6 +45,7 @@ from pytgi.layers.quantization.quantizers import (
     quantize_q8_0,
 )
 from pytgi.layers.quantization.unquantized import pack_column_tiles
+from pytgi.models.gguf.blocks import decode_blocks
 
 SHAPES = {  # name: (out N, in K)
     "smol qkv": (960, 576),
@@ -58,7 +67,23 @@ FORMATS = {
     "q4_1": lambda w: pack_quantized([quantize_q4_1(w)]),
     "nf4": lambda w: pack_codebook(quantize_codebook(w, "nf4", 64)),
     "fp8": lambda w: pack_codebook(quantize_fp8(w)),
+    "q4_k": lambda w: pack_kquant([kquant_blocks(w, GGMLQuantizationType.Q4_K)]),
+    "q4_k wide": lambda w: pack_quantized([kquant_blocks(w, GGMLQuantizationType.Q4_K)]),
+    "q6_k": lambda w: pack_kquant([kquant_blocks(w, GGMLQuantizationType.Q6_K)]),
+    "q6_k wide": lambda w: pack_quantized([kquant_blocks(w, GGMLQuantizationType.Q6_K)]),
 }
+KQUANT_FORMATS = ("q4_k", "q4_k wide", "q6_k", "q6_k wide")
+D_OFFSETS = {GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q6_K: (208,)}
+
+
+def kquant_blocks(w: torch.Tensor, qtype: GGMLQuantizationType):
+    """Random `qtype` blocks of w's shape (fp16 d / dmin fields fixed at 2^-10)."""
+    n, k = w.shape
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    for offset in D_OFFSETS[qtype]:
+        raw[..., offset : offset + 2] = np.frombuffer(np.float16(2**-10).tobytes(), np.uint8)
+    return decode_blocks(raw.reshape(n, -1), qtype, "bench")
 
 
 def best_pass_s(fn, items: list, clock) -> float:
@@ -95,7 +120,10 @@ def row(name, m, label, seconds, num_bytes, n, k, bandwidth, fp32_s) -> str:
 
 def bench_shape(ops, name, n, k, rows, args, bandwidth, clock) -> None:
     base = torch.randn(n, k) * 0.05
-    formats = {label: make(base) for label, make in FORMATS.items() if label in args.formats}
+    formats = {
+        label: make(base) for label, make in FORMATS.items()
+        if label in args.formats and (k % 256 == 0 or label not in KQUANT_FORMATS)
+    }  # fmt: skip
     for m in rows:
         x = torch.randn(m, k)
         count = copies_for(n * k * 4, m, args.rotation_mb)
@@ -128,10 +156,17 @@ def _fp32_call(ops, x):
 
 
 def _quant_call(ops, x, int8_acts, isa):
-    return lambda w: ops.quant_linear(x, *w.kernel_args(), None, int8_acts, isa=isa)
+    def call(w):
+        if isinstance(w, PackedKQuantWeight):
+            return ops.kquant_linear(x, *w.kernel_args(), None, int8_acts, isa=isa)
+        return ops.quant_linear(x, *w.kernel_args(), None, int8_acts, isa=isa)
+
+    return call
 
 
-def _clone(p: PackedQuantWeight) -> PackedQuantWeight:
+def _clone(p):
+    if isinstance(p, PackedKQuantWeight):
+        return PackedKQuantWeight(p.format, p.n, p.k, p.blob.clone(), p.d.clone(), p.source)
     return PackedQuantWeight(
         p.format, p.n, p.k, p.codes.clone(), p.scales.clone(),
         None if p.mins is None else p.mins.clone(), p.table, p.scale_block, p.source,

@@ -44,7 +44,9 @@ def bits(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("qtype", KQUANTS, ids=lambda t: t.name)
 def test_layout_dequantizes_as_gguf_bit_for_bit(ops, qtype):
     raw, weight = gguf_weight(qtype, n=21, k=768, seed=5)
-    packed = pack([weight.narrow(0, 0, 5), weight.narrow(0, 5, 16)], "auto")
+    default = pack([weight], "auto").format_name  # without PYTGI_NATIVE_KQUANTS: widened
+    assert default == ("int4" if qtype == Q.Q4_K else "int8")
+    packed = pack([weight.narrow(0, 0, 5), weight.narrow(0, 5, 16)], "auto", True)
     assert isinstance(packed, PackedKQuantWeight) and packed.format_name == qtype.name.lower()
     expected = gguf.quants.dequantize(raw, qtype)
     np.testing.assert_array_equal(bits(packed.dequantize()[:21]), expected.view(np.uint32))
@@ -59,7 +61,7 @@ def test_columns_split_on_super_blocks_only():
     _, weight = gguf_weight(Q.Q4_K, n=8, k=768)
     assert weight.narrow(1, 256, 512).superblocks.d.shape == (8, 2)
     assert weight.narrow(1, 0, 288).superblocks is None  # falls back to the 4-bit kernel
-    assert pack([weight.narrow(1, 0, 288)], "auto").format_name == "int4"
+    assert pack([weight.narrow(1, 0, 288)], "auto", True).format_name == "int4"
 
 
 def assert_near(actual: torch.Tensor, expected: torch.Tensor, rel: float = 1e-5) -> None:
@@ -114,7 +116,7 @@ def test_mixed_fused_layer_is_its_parts_side_by_side(ops):
     """A Q4_K_M fused q/k/v: Q4_K q and k beside a Q6_K v."""
     _, q4 = gguf_weight(Q.Q4_K, n=24, seed=1)
     _, q6 = gguf_weight(Q.Q6_K, n=16, seed=2)
-    stacked = pack([q4.narrow(0, 0, 16), q4.narrow(0, 16, 8), q6], "auto")
+    stacked = pack([q4.narrow(0, 0, 16), q4.narrow(0, 16, 8), q6], "auto", True)
     assert isinstance(stacked, KQuantStack) and stacked.format_name == "q4_k+q6_k"
     x, bias = torch.randn(3, K), torch.randn(40)
     for int8 in (True, False):

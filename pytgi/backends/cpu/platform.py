@@ -77,7 +77,7 @@ class CpuPlatform(Platform):
     def quant_ops(self, dtype: torch.dtype):
         from pytgi.backends.cpu.quant_ops import CpuQuantOps
 
-        return CpuQuantOps(self.kernels_for(dtype), self.quant_isa)
+        return CpuQuantOps(self.kernels_for(dtype), self.quant_isa, self.config.native_kquants)
 
     def decode_accelerator(
         self, model: torch.nn.Module, kv_cache_dtype: torch.dtype

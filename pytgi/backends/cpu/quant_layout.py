@@ -51,6 +51,8 @@ class PackedQuantWeight:
     scale_block: int  # 16, 32, 64 or 0 (per column)
     source: str = ""  # what it was converted from, for log lines
 
+    kernel_family = "packed"  # kquant_layout.py's weights: "kquant"
+
     @property
     def format_name(self) -> str:
         return FORMAT_NAMES[self.format]

@@ -13,6 +13,7 @@ Two activation modes (the caller picks one per layer, see pytgi/layers/quantizat
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,6 +31,9 @@ from pytgi.backends.cpu.quant_layout import (
 )
 from pytgi.utils.math import cdiv
 
+logger = logging.getLogger(__name__)
+_LOGGED: list[bool] = []  # the native K-quant line is logged once per process
+
 CHUNK_GROUPS = 256  # the torch path dequantises 2048 output features at a time
 
 
@@ -41,13 +45,19 @@ class CpuQuantOps(QuantOps):
 
     module: ModuleType | None
     isa: str = "auto"
+    native_kquants: bool = False  # DeviceConfig.native_kquants (PYTGI_NATIVE_KQUANTS)
 
     @property
     def compiled(self) -> bool:
         return self.module is not None
 
     def pack(self, pieces: list, layout: str) -> PackedQuantWeight:
-        return quant_packing.pack(pieces, layout)
+        packed = quant_packing.pack(pieces, layout, self.native_kquants)
+        if packed.kernel_family == kquant_layout.KERNEL_FAMILY and not _LOGGED:
+            _LOGGED.append(True)
+            logger.info("GGUF Q4_K / Q6_K layers on the native K-quant kernels "
+                        "(PYTGI_NATIVE_KQUANTS=1)")  # fmt: skip
+        return packed
 
     def linear(
         self, x: torch.Tensor, packed: PackedQuantWeight, bias: torch.Tensor | None, int8_acts: bool

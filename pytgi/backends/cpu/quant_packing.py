@@ -150,12 +150,14 @@ def pack_quantized(pieces: list[QuantizedWeight], family: str = "auto") -> Packe
     return pack_int4(pieces) if family == "int4" else pack_int8(pieces)
 
 
-def pack(pieces: list, layout: str) -> PackedQuantWeight | KQuantWeight:
-    """Row pieces -> one packed weight in `layout`: "int8", "int4", "auto" (the native K-quant
-    layout when every piece is a GGUF Q4_K / Q6_K tensor, kquant_layout.py; else int4 when every
-    piece fits it, else int8) or "codebook" (NF4 / FP4 / fp8 codes, one table for the whole
-    layer)."""
-    if layout == "auto" and fits_kquant(pieces):
+def pack(
+    pieces: list, layout: str, native_kquants: bool = False
+) -> PackedQuantWeight | KQuantWeight:
+    """Row pieces -> one packed weight in `layout`: "int8", "int4", "auto" (with
+    `native_kquants`, the K-quant layout when every piece is a GGUF Q4_K / Q6_K tensor,
+    kquant_layout.py; else int4 when every piece fits it, else int8) or "codebook" (NF4 / FP4 /
+    fp8 codes, one table for the whole layer)."""
+    if layout == "auto" and native_kquants and fits_kquant(pieces):
         return pack_kquant(pieces)
     if layout == "codebook":
         return pack_codebook(pieces[0].cat_rows(pieces))

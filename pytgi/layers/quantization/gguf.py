@@ -3,11 +3,12 @@ the types the file stores them in.
 
 - A layer whose tensors are all quantized gets `GGUFLinearMethod`: its `QuantizedWeight` shards
   (of one type or several, e.g. Q4_K and Q6_K in a Q4_K_M file) are packed as they load (layout
-  "auto"): Q4_K and Q6_K shards keep their 256-value super-blocks on the native K-quant kernels
-  (a fused layer mixing the two runs one kernel call per type); other shards go into the 4-bit
-  kernel when every shard is 4-bit with 32-multiple blocks, else the int8 kernel, which holds
-  every code up to 8 bits exactly. Types without a kernel of their own (Q5_0, Q5_1, Q5_K) are
-  converted losslessly to the int8 kernel, with a log line per type at start-up.
+  "auto"): with PYTGI_NATIVE_KQUANTS=1, Q4_K and Q6_K shards keep their 256-value super-blocks
+  on the native K-quant kernels (a fused layer mixing the two runs one kernel call per type);
+  otherwise (and for other types) into the 4-bit kernel when every shard is 4-bit with
+  32-multiple blocks, else the int8 kernel, which holds every code up to 8 bits exactly. Types
+  without a kernel of their own (Q5_0, Q5_1, Q5_K, and Q6_K by default) are converted
+  losslessly to the int8 kernel, with a log line per type at start-up.
 - A layer whose tensors are all F32 / F16 / BF16 stays in full precision (the plain method).
 - A fused layer mixing both (rare) quantizes its float shards to Q8_0 (per channel if K is not
   a multiple of 32), with a log line.
@@ -92,15 +93,11 @@ class GGUFQuantConfig(QuantConfig):
         return [f"{parent}.{m}.weight" if parent else f"{m}.weight" for m in modules]
 
 
-NATIVE_KQUANTS = {"Q4_K": "q4_k", "Q6_K": "q6_k"}  # backends/cpu/kquant_layout.py
-
-
 def kernel_for(type_name: str) -> str:
-    """The kernel family a GGML type runs on (the nearest with a kernel of its own)."""
+    """The kernel family a GGML type runs on (the nearest with a kernel of its own; Q4_K and
+    Q6_K have their own with PYTGI_NATIVE_KQUANTS=1, which the platform logs)."""
     if type_name in FLOAT_TYPES:
         return "fp32"
-    if type_name in NATIVE_KQUANTS:
-        return NATIVE_KQUANTS[type_name]
     bits = {"Q4_0": 4, "Q4_1": 4, "Q4_K": 4}.get(type_name)
     return "int4" if bits == 4 else "int8"
 
@@ -110,8 +107,6 @@ def log_kernel_choices(tensor_types: dict[str, str]) -> None:
     counts = Counter(t for t in tensor_types.values() if t not in FLOAT_TYPES)
     for type_name, count in sorted(counts.items()):
         kernel = kernel_for(type_name)
-        native = type_name in ("Q8_0", "Q4_0", "Q4_1", *NATIVE_KQUANTS)
+        native = type_name in ("Q8_0", "Q4_0", "Q4_1", "Q4_K")
         how = "" if native else f" (no {type_name} kernel: converted losslessly)"
-        if type_name in NATIVE_KQUANTS:
-            how = " (in a fused layer with other types: converted losslessly to int8 / int4)"
         logger.info("GGUF %s x%d -> %s kernel%s", type_name, count, kernel, how)

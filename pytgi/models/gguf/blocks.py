@@ -59,6 +59,7 @@ def decode_blocks(data: np.ndarray, qtype: GGMLQuantizationType, name: str) -> Q
 
 def _superblocks(blocks: np.ndarray, qtype: GGMLQuantizationType) -> SuperBlocks | None:
     """Q4_K / Q6_K [N, B, bytes] -> their super-block fields (the native K-quant kernels' input)."""
+
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a))
 

@@ -1,6 +1,6 @@
 // The AVX2 table of the K-quant kernels: kquant_passes.h over ymm traits, one group (8 columns)
-// per pass, the byte dot products as maddubs + madd (exact: codes <= 63, activations within
-// +-127, so no int16 pair sum saturates).
+// per pass, the byte dot products as maddubs (exact: codes <= 63, activations within +-127, so no
+// int16 pair sum saturates) and a madd by the sub-block's scales.
 #include "kquant.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -28,20 +28,30 @@ struct Avx2 {
   }
   static V shl4(V v) { return _mm256_slli_epi16(v, 4); }
   static V or_(V a, V b) { return _mm256_or_si256(a, b); }
-  static V dot(V acc, V u, V s) {
-    const V pairs = _mm256_maddubs_epi16(u, s);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  // A sub-block's 8 column scales as int16 pairs (sc, sc) per 32-bit lane: madd multiplies the
+  // two int16 pair sums of maddubs by the scale and adds them (|pair| <= 2 * 63 * 127 = 16002,
+  // |sc| <= 128: no overflow).
+  using S = __m256i;
+  static S pairs(V v32) {
+    const V low = _mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF));
+    return _mm256_or_si256(low, _mm256_slli_epi32(low, 16));
   }
+  static S scales_u8(const uint8_t* a, const uint8_t*) {
+    return pairs(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))));
+  }
+  static S scales_i8(const uint8_t* a, const uint8_t*) {
+    return pairs(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))));
+  }
+  static V dot_sc(V acc, V u, V s, S sc) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc));
+  }
+  static V end_sub(V isum, V dot, S) { return _mm256_add_epi32(isum, dot); }
+  // sc * x per lane: madd of (sc, sc) with (x, 0)
+  static V scaled(S sc, int32_t x) { return _mm256_madd_epi16(sc, _mm256_set1_epi32(x & 0xFFFF)); }
+  static V shl32_5(V v) { return _mm256_slli_epi32(v, 5); }
   static V set1(int32_t x) { return _mm256_set1_epi32(x); }
   static V add(V a, V b) { return _mm256_add_epi32(a, b); }
   static V sub(V a, V b) { return _mm256_sub_epi32(a, b); }
-  static V mullo(V a, V b) { return _mm256_mullo_epi32(a, b); }
-  static V load_u8(const uint8_t* a, const uint8_t*) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
-  }
-  static V load_i8(const uint8_t* a, const uint8_t*) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)));
-  }
   static F load_f(const float* a, const float*) { return _mm256_loadu_ps(a); }
   static F set1_f(float x) { return _mm256_set1_ps(x); }
   static F cvt(V v) { return _mm256_cvtepi32_ps(v); }

@@ -2,8 +2,12 @@
 //   T::V, T::F      integer / float vectors of T::kCols lanes, one output column each (8: one
 //                   group, ymm; 16: two neighbouring groups, zmm);
 //   load(a, b)      the 32 code bytes at a (group g) and, for 16 lanes, at b (group g + 1);
-//   dot(acc, u, s)  acc + per lane the dot product of 4 unsigned code bytes and 4 int8
-//                   activation bytes (vpdpbusd; AVX2: maddubs + madd, exact for these ranges);
+//   dot_sc(acc, u, s, S)  acc + per lane the dot product of 4 unsigned code bytes and 4 int8
+//                   activation bytes (vpdpbusd; AVX2: maddubs + madd, exact for these ranges),
+//                   scaled by S (a sub-block's column scales in T's form) or not, T's choice:
+//                   AVX2 scales in the madd, as llama.cpp does, so no 32-bit multiply is needed;
+//   end_sub(isum, dot, S) isum + the sub-block's dot product times its scale;
+//   scaled(S, x)    S's scale times x (|x| < 2^15) per lane;
 //   and the plain lane-wise operations named below.
 // The integer sums are exact, so their grouping is free; the float epilogue runs kquant.h's
 // operations in kquant.h's order, so every table equals the scalar table bit for bit.
@@ -34,21 +38,21 @@ void q4k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
     for (int b = 0; b < 8; ++b) {
       V dot[R];
       for (int r = 0; r < R; ++r) dot[r] = T::zero();
+      const typename T::S sc = T::scales_u8(b0 + 1024 + b * 8, b1 + 1024 + b * 8);
+      const typename T::S mn = T::scales_u8(b0 + 1088 + b * 8, b1 + 1088 + b * 8);
       for (int v = 0; v < 4; ++v) {
         const V codes = T::load(b0 + b * 128 + v * 32, b1 + b * 128 + v * 32);
         const V lo = T::low4(codes), hi = T::high4(codes);
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = row_q<T>(a, r0 + r) + s * kSuper + 32 * b;
-          dot[r] = T::dot(dot[r], lo, T::set1(quad_at(xr, 4 * v)));
-          dot[r] = T::dot(dot[r], hi, T::set1(quad_at(xr, 16 + 4 * v)));
+          dot[r] = T::dot_sc(dot[r], lo, T::set1(quad_at(xr, 4 * v)), sc);
+          dot[r] = T::dot_sc(dot[r], hi, T::set1(quad_at(xr, 16 + 4 * v)), sc);
         }
       }
-      const V sc = T::load_u8(b0 + 1024 + b * 8, b1 + 1024 + b * 8);
-      const V mn = T::load_u8(b0 + 1088 + b * 8, b1 + 1088 + b * 8);
       for (int r = 0; r < R; ++r) {
         const int32_t* bs = a.bsum + ((r0 + r) * a.supers + s) * kSub16;
-        isum[r] = T::add(isum[r], T::mullo(dot[r], sc));
-        msum[r] = T::add(msum[r], T::mullo(mn, T::set1(bs[2 * b] + bs[2 * b + 1])));
+        isum[r] = T::end_sub(isum[r], dot[r], sc);
+        msum[r] = T::add(msum[r], T::scaled(mn, bs[2 * b] + bs[2 * b + 1]));
       }
     }
     const typename T::F dv = T::load_f(w.d_at(g, s), w.d_at(g1, s));
@@ -78,6 +82,8 @@ void q6k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
         high[j] = T::load(b0 + 1024 + b * 64 + j * 32, b1 + 1024 + b * 64 + j * 32);
       }
       for (int half = 0; half < 2; ++half) {
+        const int h = 2 * b + half;
+        const typename T::S sc = T::scales_i8(b0 + 1536 + h * 8, b1 + 1536 + h * 8);
         V dot[R];
         for (int r = 0; r < R; ++r) dot[r] = T::zero();
         for (int v = 0; v < 4; ++v) {
@@ -86,14 +92,12 @@ void q6k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
           const V u = T::or_(nib, T::shl4(T::bits2(high[q % 2], 2 * (q / 2))));
           for (int r = 0; r < R; ++r) {
             const int8_t* xr = row_q<T>(a, r0 + r) + s * kSuper + 32 * b;
-            dot[r] = T::dot(dot[r], u, T::set1(quad_at(xr, 4 * q)));
+            dot[r] = T::dot_sc(dot[r], u, T::set1(quad_at(xr, 4 * q)), sc);
           }
         }
-        const int h = 2 * b + half;
-        const V sc = T::load_i8(b0 + 1536 + h * 8, b1 + 1536 + h * 8);
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < R; ++r) {  // sc * (dot - 32 * bsum), |bsum| <= 16 * 127
           const int32_t* bs = a.bsum + ((r0 + r) * a.supers + s) * kSub16;
-          isum[r] = T::add(isum[r], T::mullo(T::sub(dot[r], T::set1(32 * bs[h])), sc));
+          isum[r] = T::sub(T::end_sub(isum[r], dot[r], sc), T::shl32_5(T::scaled(sc, bs[h])));
         }
       }
     }

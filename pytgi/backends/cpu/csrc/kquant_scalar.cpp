@@ -103,20 +103,39 @@ void gemm_i8(const Matrix& w, const Acts& a, int64_t rows, int64_t g0, int64_t g
 
 }  // namespace
 
+// Per 16-wide half of each sub-block: each column's scale (and min) once, then the codes, in
+// loops over the 8 columns the compiler vectorises. The float steps are gguf's: scale = d * sc,
+// w = scale * q - min (Q4_K, min = dmin * m) or scale * q (Q6_K).
 void dequant_group(const Matrix& w, int64_t g, float* panel, int64_t stride) {
+  float scale[kGroup], min[kGroup];
   for (int64_t s = 0; s < w.supers; ++s) {
     const uint8_t* blob = w.at(g, s);
     const float* dd = w.d_at(g, s);
     for (int b = 0; b < 8; ++b) {
-      for (int j = 0; j < 32; ++j) {
-        float* out = panel + (s * kSuper + 32 * b + j) * stride;
+      for (int half = 0; half < 2; ++half) {
         for (int c = 0; c < kGroup; ++c) {
           if (w.format == kQ4K) {
-            const float scale = dd[c] * q4_sc(blob, b, c), min = dd[kGroup + c] * q4_m(blob, b, c);
-            out[c] = scale * static_cast<float>(nibble_at(blob + b * 128, c, j)) - min;
+            scale[c] = dd[c] * q4_sc(blob, b, c);
+            min[c] = dd[kGroup + c] * q4_m(blob, b, c);
           } else {
-            const float scale = dd[c] * static_cast<float>(q6_sc(blob, 2 * b + j / 16, c));
-            out[c] = scale * static_cast<float>(q6_at(blob, b, c, j) - 32);
+            scale[c] = dd[c] * static_cast<float>(q6_sc(blob, 2 * b + half, c));
+          }
+        }
+        for (int q = 4 * half; q < 4 * half + 4; ++q) {  // the k-quads of this half
+          const uint8_t* nib = blob + b * 128 + (q % 4) * 32;
+          const uint8_t* high = blob + 1024 + b * 64 + (q % 2) * 32;
+          for (int i = 0; i < 4; ++i) {
+            float* out = panel + (s * kSuper + 32 * b + 4 * q + i) * stride;
+            for (int c = 0; c < kGroup; ++c) {
+              const uint8_t byte = nib[c * 4 + i];
+              const int code = q < 4 ? byte & 15 : byte >> 4;
+              if (w.format == kQ4K) {
+                out[c] = scale[c] * static_cast<float>(code) - min[c];
+              } else {
+                const int u = code | (((high[c * 4 + i] >> (2 * (q / 2))) & 3) << 4);
+                out[c] = scale[c] * static_cast<float>(u - 32);
+              }
+            }
           }
         }
       }

@@ -35,17 +35,22 @@ struct Vnni512 {
   }
   static V shl4(V v) { return _mm512_slli_epi16(v, 4); }
   static V or_(V a, V b) { return _mm512_or_si512(a, b); }
-  static V dot(V acc, V u, V s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static V set1(int32_t x) { return _mm512_set1_epi32(x); }
   static V add(V a, V b) { return _mm512_add_epi32(a, b); }
   static V sub(V a, V b) { return _mm512_sub_epi32(a, b); }
-  static V mullo(V a, V b) { return _mm512_mullo_epi32(a, b); }
   static __m128i bytes16(const uint8_t* a, const uint8_t* b) {
     return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
   }
-  static V load_u8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepu8_epi32(bytes16(a, b)); }
-  static V load_i8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepi8_epi32(bytes16(a, b)); }
+  // a sub-block's 16 column scales as int32: vpdpbusd sums a sub-block unscaled, one vpmulld
+  // then scales it
+  using S = __m512i;
+  static S scales_u8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepu8_epi32(bytes16(a, b)); }
+  static S scales_i8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepi8_epi32(bytes16(a, b)); }
+  static V dot_sc(V acc, V u, V s, S) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static V end_sub(V isum, V dot, S sc) { return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, sc)); }
+  static V scaled(S sc, int32_t x) { return _mm512_mullo_epi32(sc, _mm512_set1_epi32(x)); }
+  static V shl32_5(V v) { return _mm512_slli_epi32(v, 5); }
   static F load_f(const float* a, const float* b) {
     const __m256i lo = _mm256_castps_si256(_mm256_loadu_ps(a));
     const __m256i hi = _mm256_castps_si256(_mm256_loadu_ps(b));
