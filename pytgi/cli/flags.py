@@ -155,8 +155,8 @@ ENGINE_FLAGS = [
     Flag(
         "--kv-cache-dtype",
         "KV cache storage dtype (default: the model dtype). TGI's fp8_e4m3fn (per-layer k/v "
-        "scales from the checkpoint, else 1.0) and fp8_e5m2, and pytgi's bfloat16, float16 and int8 "
-        "(CPU: per-token, per-head scales)",
+        "scales from the checkpoint, else 1.0) and fp8_e5m2, and pytgi's bfloat16, float16 and "
+        "int8 (CPU: per-token, per-head scales)",
         choices=KV_CACHE_DTYPES,
     ),  # fmt: skip
     Flag(

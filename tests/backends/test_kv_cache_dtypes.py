@@ -1,6 +1,7 @@
 """`--kv-cache-dtype` on the CPU backend: narrow caches (fp8_e4m3fn, fp8_e5m2, bfloat16, float16,
-int8 with per-token, per-head scales below an fp32 model) against the fp32-cache reference within each format's error, exactly equal
-to attention over the K/V the cache holds (every read path sees the stored values), the
+int8 with per-token, per-head scales below an fp32 model) against the fp32-cache reference within
+each format's error, exactly equal to attention over the K/V the cache holds (every read path
+sees the stored values), the
 checkpoint's per-layer fp8 scales, and the memory plan that counts the narrower blocks."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A narrow KV cache (16-bit, fp8, int8) through the whole engine: a request's tokens and logprobs
-do not depend on its batch or on how its prompt was split (chunked prefill, prefix hits, preemption); greedy tokens
-against the fp32 cache; the checkpoint's KV scales and kv_cache_scheme."""
+do not depend on its batch or on how its prompt was split (chunked prefill, prefix hits,
+preemption); greedy tokens against the fp32 cache; the checkpoint's KV scales and
+kv_cache_scheme."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def test_greedy_tokens_against_the_fp32_cache(tiny_llama_dir):
     """64 greedy tokens of two prompts on the tiny Llama: the 16-bit caches and int8 (per-token,
     per-head scales) give the fp32 cache's tokens; fp8_e4m3fn the same until a near-tie flips
     (measured before the kernels read narrow caches: at tokens 24 and 34 on the pure-torch path;
-    asserted: not before 16), fp8_e5m2 diverges within a few tokens (2 mantissa bits on a random model
-    whose logits are nearly flat; not asserted)."""
+    asserted: not before 16), fp8_e5m2 diverges within a few tokens (2 mantissa bits on a random
+    model whose logits are nearly flat; not asserted)."""
     torch.set_num_threads(1)
     check_narrow_caches(tiny_llama_dir, ("bfloat16", "float16", "fp8_e4m3fn", "int8"))
 

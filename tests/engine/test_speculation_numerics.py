@@ -1,8 +1,8 @@
 """`--speculate` on real models leaves every output exactly as it is without it: greedy and seeded
 tokens and their log-probabilities, bit for bit, for an fp32 model, a GGUF model (int8
-activations) and each on-the-fly quantized method with its default numerics. Verify rows compute
-what decode rows compute (docs/KERNELS.md, row invariance), and seeded draws are keyed by the
-output index."""
+activations), each on-the-fly quantized method with its default numerics, and an int8 KV cache.
+Verify rows compute what decode rows compute (docs/KERNELS.md, row invariance), and seeded draws
+are keyed by the output index."""
 
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ CASES = {
     "eetq-int8": {"quantize": "eetq", "quantize_activations": "int8"},
     "llm.int8": {"quantize": "bitsandbytes"},
     "nf4": {"quantize": "bitsandbytes-nf4"},
+    "int8-kv-cache": {"kv_cache_dtype": "int8"},  # a narrow cache, read in place by the kernels
 }
 
 

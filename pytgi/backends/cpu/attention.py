@@ -539,7 +539,9 @@ class CpuAttentionBackend(AttentionBackend):
     def allocate_kv_cache(self, spec: KVCacheSpec, num_blocks, block_size, device) -> KVCache:
         if isinstance(spec, LatentAttentionSpec):  # one vector per token (layers/latent_attention)
             if spec.dtype == torch.int8:
-                raise ModelLoadError("--kv-cache-dtype int8 is not supported for latent (MLA) caches")
+                raise ModelLoadError(
+                    "--kv-cache-dtype int8 is not supported for latent (MLA) caches"
+                )
             return (torch.zeros(num_blocks * block_size, spec.head_size, dtype=spec.dtype),)
         row = spec.head_size + (INT8_KV_SCALE_BYTES if spec.dtype == torch.int8 else 0)
         shape = (spec.num_kv_heads, num_blocks * block_size, row)
@@ -602,8 +604,8 @@ def _as_stored(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tenso
 
 def _gather(cache, metadata, blocks, offset, length, which: str, scale: float) -> torch.Tensor:
     """cache [KVH, num_blocks * block_size, row], blocks [R, nb] -> [R, KVH, length, D] (fp32,
-    times `scale`; row = D, or D + 4 for int8), each (row, head) slice contiguous. `which` ("k"/"v") picks the step's reused
-    buffer."""
+    times `scale`; row = D, or D + 4 for int8), each (row, head) slice contiguous. `which`
+    ("k"/"v") picks the step's reused buffer."""
     kvh, num_slots, d = cache.shape
     block_size = metadata.block_size
     index = metadata.gather_index[(id(blocks), kvh)]  # [KVH * R * nb]

@@ -373,11 +373,58 @@ inline void finish_rows(const QueryRows& rows, int64_t d, const AttendScratch& w
 // The keys k0 .. k0 + nk - 1 of one KV head as a K^T tile kt [d, 64] and V rows v [nk, d],
 // read through slot(p) from the K and V rows (converted to fp32 as they are read); keys below lo
 // and the tile's columns from nk on are zeros (no row sees them: their probabilities are 0).
+#if defined(__AVX2__) && defined(__FMA__)
+// dst[i * kKeyBlock + r] = rows[r][c + i] for r, i < 8: an 8x8 transpose (data movement only).
+inline void transpose8(const float* const* rows, int64_t c, float* dst) {
+  const __m256 r0 = _mm256_loadu_ps(rows[0] + c), r1 = _mm256_loadu_ps(rows[1] + c),
+               r2 = _mm256_loadu_ps(rows[2] + c), r3 = _mm256_loadu_ps(rows[3] + c),
+               r4 = _mm256_loadu_ps(rows[4] + c), r5 = _mm256_loadu_ps(rows[5] + c),
+               r6 = _mm256_loadu_ps(rows[6] + c), r7 = _mm256_loadu_ps(rows[7] + c);
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+               t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+               t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)),
+               s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+               s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)),
+               s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+               s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)),
+               s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+               s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)),
+               s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(dst + 0 * kKeyBlock, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(dst + 1 * kKeyBlock, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(dst + 2 * kKeyBlock, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(dst + 3 * kKeyBlock, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(dst + 4 * kKeyBlock, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(dst + 5 * kKeyBlock, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(dst + 6 * kKeyBlock, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(dst + 7 * kKeyBlock, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+#endif
+
 template <class Slot>
 inline void gather_key_block(const KvRows& k, const KvRows& v, const Slot& slot, int64_t k0,
                              int64_t lo, int64_t nk, int64_t d, float* kt, float* vt) {
   std::fill(kt, kt + d * kKeyBlock, 0.f);
-  for (int64_t j = 0; j < nk; ++j) {
+  int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (k.fmt == kKvF32 && k.scale == 1.f && d % 8 == 0) {  // fp32 keys: 8 at a time
+    for (j = std::max<int64_t>(0, lo - k0); j + 8 <= nk; j += 8) {
+      const float* rows[8];
+      for (int64_t r = 0; r < 8; ++r) {
+        const int64_t s = slot(k0 + j + r);
+        rows[r] = reinterpret_cast<const float*>(k.base + s * k.row_bytes);
+        v.load(s, d, vt + (j + r) * d, 1);
+      }
+      for (int64_t c = 0; c < d; c += 8) transpose8(rows, c, kt + c * kKeyBlock + j);
+    }
+    for (int64_t i = 0; i < std::min(nk, std::max<int64_t>(0, lo - k0)); ++i) {
+      std::fill(vt + i * d, vt + (i + 1) * d, 0.f);  // the keys below lo
+    }
+  }
+#endif
+  for (; j < nk; ++j) {
     const int64_t p = k0 + j;
     if (p < lo) {
       std::fill(vt + j * d, vt + (j + 1) * d, 0.f);
