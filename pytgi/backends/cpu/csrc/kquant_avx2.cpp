@@ -1,6 +1,7 @@
 // The AVX2 table of the K-quant kernels: kquant_passes.h over ymm traits, one group (8 columns)
 // per pass, the byte dot products as maddubs (exact: codes <= 63, activations within +-127, so no
-// int16 pair sum saturates) and a madd by the sub-block's scales.
+// int16 pair sum saturates), summed in int16 (8 per lane for Q4_K: <= 30480; 2 for Q6_K:
+// <= 32004) before one madd by the sub-block's scales.
 #include "kquant.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -42,10 +43,11 @@ struct Avx2 {
   static S scales_i8(const uint8_t* a, const uint8_t*) {
     return pairs(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a))));
   }
-  static V dot_sc(V acc, V u, V s, S sc) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc));
-  }
-  static V end_sub(V isum, V dot, S) { return _mm256_add_epi32(isum, dot); }
+  // partial sums in int16 pairs: maddubs, then one madd by the scales per flush
+  using P = __m256i;
+  static constexpr int kQ6Flush = 2;
+  static P pacc(P p, V u, V s) { return _mm256_add_epi16(p, _mm256_maddubs_epi16(u, s)); }
+  static V flush(V isum, P p, S sc) { return _mm256_add_epi32(isum, _mm256_madd_epi16(p, sc)); }
   // sc * x per lane: madd of (sc, sc) with (x, 0)
   static V scaled(S sc, int32_t x) { return _mm256_madd_epi16(sc, _mm256_set1_epi32(x & 0xFFFF)); }
   static V shl32_5(V v) { return _mm256_slli_epi32(v, 5); }

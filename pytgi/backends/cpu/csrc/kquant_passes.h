@@ -2,11 +2,11 @@
 //   T::V, T::F      integer / float vectors of T::kCols lanes, one output column each (8: one
 //                   group, ymm; 16: two neighbouring groups, zmm);
 //   load(a, b)      the 32 code bytes at a (group g) and, for 16 lanes, at b (group g + 1);
-//   dot_sc(acc, u, s, S)  acc + per lane the dot product of 4 unsigned code bytes and 4 int8
-//                   activation bytes (vpdpbusd; AVX2: maddubs + madd, exact for these ranges),
-//                   scaled by S (a sub-block's column scales in T's form) or not, T's choice:
-//                   AVX2 scales in the madd, as llama.cpp does, so no 32-bit multiply is needed;
-//   end_sub(isum, dot, S) isum + the sub-block's dot product times its scale;
+//   P, pacc(p, u, s)  a partial sum: p + per lane the dot product of 4 unsigned code bytes and
+//                   4 int8 activation bytes (vpdpbusd into int32; AVX2: maddubs into int16
+//                   pairs, exact while at most kQ6Flush (Q6_K) or 8 (Q4_K) are summed);
+//   flush(isum, p, S)  isum + the partial sum times the column scales S (AVX2: one madd by the
+//                   scales as int16 pairs, as llama.cpp scales; VNNI: vpmulld);
 //   scaled(S, x)    S's scale times x (|x| < 2^15) per lane;
 //   and the plain lane-wise operations named below.
 // The integer sums are exact, so their grouping is free; the float epilogue runs kquant.h's
@@ -36,7 +36,7 @@ void q4k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
     V isum[R], msum[R];
     for (int r = 0; r < R; ++r) isum[r] = msum[r] = T::zero();
     for (int b = 0; b < 8; ++b) {
-      V dot[R];
+      typename T::P dot[R];  // 8 products of nibble <= 15 and |x| <= 127 per int16: <= 30480
       for (int r = 0; r < R; ++r) dot[r] = T::zero();
       const typename T::S sc = T::scales_u8(b0 + 1024 + b * 8, b1 + 1024 + b * 8);
       const typename T::S mn = T::scales_u8(b0 + 1088 + b * 8, b1 + 1088 + b * 8);
@@ -45,13 +45,13 @@ void q4k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
         const V lo = T::low4(codes), hi = T::high4(codes);
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = row_q<T>(a, r0 + r) + s * kSuper + 32 * b;
-          dot[r] = T::dot_sc(dot[r], lo, T::set1(quad_at(xr, 4 * v)), sc);
-          dot[r] = T::dot_sc(dot[r], hi, T::set1(quad_at(xr, 16 + 4 * v)), sc);
+          dot[r] = T::pacc(dot[r], lo, T::set1(quad_at(xr, 4 * v)));
+          dot[r] = T::pacc(dot[r], hi, T::set1(quad_at(xr, 16 + 4 * v)));
         }
       }
       for (int r = 0; r < R; ++r) {
         const int32_t* bs = a.bsum + ((r0 + r) * a.supers + s) * kSub16;
-        isum[r] = T::end_sub(isum[r], dot[r], sc);
+        isum[r] = T::flush(isum[r], dot[r], sc);
         msum[r] = T::add(msum[r], T::scaled(mn, bs[2 * b] + bs[2 * b + 1]));
       }
     }
@@ -84,7 +84,7 @@ void q6k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
       for (int half = 0; half < 2; ++half) {
         const int h = 2 * b + half;
         const typename T::S sc = T::scales_i8(b0 + 1536 + h * 8, b1 + 1536 + h * 8);
-        V dot[R];
+        typename T::P dot[R];
         for (int r = 0; r < R; ++r) dot[r] = T::zero();
         for (int v = 0; v < 4; ++v) {
           const int q = 4 * half + v;  // the k-quad within the 32-wide sub-block
@@ -92,12 +92,18 @@ void q6k_pass(const Matrix& w, const Acts& a, int64_t r0, int64_t g, typename T:
           const V u = T::or_(nib, T::shl4(T::bits2(high[q % 2], 2 * (q / 2))));
           for (int r = 0; r < R; ++r) {
             const int8_t* xr = row_q<T>(a, r0 + r) + s * kSuper + 32 * b;
-            dot[r] = T::dot_sc(dot[r], u, T::set1(quad_at(xr, 4 * q)), sc);
+            dot[r] = T::pacc(dot[r], u, T::set1(quad_at(xr, 4 * q)));
+          }
+          if ((v + 1) % T::kQ6Flush == 0) {  // u <= 63: an int16 lane holds 2 k-quads' pairs
+            for (int r = 0; r < R; ++r) {
+              isum[r] = T::flush(isum[r], dot[r], sc);
+              dot[r] = T::zero();
+            }
           }
         }
         for (int r = 0; r < R; ++r) {  // sc * (dot - 32 * bsum), |bsum| <= 16 * 127
           const int32_t* bs = a.bsum + ((r0 + r) * a.supers + s) * kSub16;
-          isum[r] = T::sub(T::end_sub(isum[r], dot[r], sc), T::shl32_5(T::scaled(sc, bs[h])));
+          isum[r] = T::sub(isum[r], T::shl32_5(T::scaled(sc, bs[h])));
         }
       }
     }

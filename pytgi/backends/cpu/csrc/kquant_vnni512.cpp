@@ -47,8 +47,10 @@ struct Vnni512 {
   using S = __m512i;
   static S scales_u8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepu8_epi32(bytes16(a, b)); }
   static S scales_i8(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepi8_epi32(bytes16(a, b)); }
-  static V dot_sc(V acc, V u, V s, S) { return _mm512_dpbusd_epi32(acc, u, s); }
-  static V end_sub(V isum, V dot, S sc) { return _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, sc)); }
+  using P = __m512i;
+  static constexpr int kQ6Flush = 4;  // int32 partial sums: one flush per 16-wide sub-block
+  static P pacc(P p, V u, V s) { return _mm512_dpbusd_epi32(p, u, s); }
+  static V flush(V isum, P p, S sc) { return _mm512_add_epi32(isum, _mm512_mullo_epi32(p, sc)); }
   static V scaled(S sc, int32_t x) { return _mm512_mullo_epi32(sc, _mm512_set1_epi32(x)); }
   static V shl32_5(V v) { return _mm512_slli_epi32(v, 5); }
   static F load_f(const float* a, const float* b) {
