@@ -4,6 +4,8 @@ self-distillation, in the layout TGI and pytgi load.
     nice -n 10 python scripts/train_speculator.py --out ~/.cache/pytgi-bench/smollm2-medusa
     pytgi serve --model-id ~/.cache/pytgi-bench/smollm2-medusa     # the base model + the heads
     nice -n 10 python scripts/train_speculator.py --kind mlp       # ~/.cache/.../smollm2-mlp
+    # both from one data pass: the first run writes the rows, the second reads them
+    ... --rows ~/.cache/pytgi-bench/smollm2-rows.pt [--kind mlp]
 
 The MLP speculator (`--kind mlp`, tied weights unless `--untied`) trains on the same rows; see
 scripts/speculator_mlp.py for what it learns and how it is written. Steps 1, 2 and 4 below are

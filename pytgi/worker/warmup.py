@@ -37,6 +37,7 @@ def dummy_scheduler_output(
                 new_block_ids=ids,
                 new_group_block_ids=[list(ids) for _ in range(num_kv_groups - 1)],
                 sample=True,
+                propose_drafts=True,  # a trained speculator's pass counts in the memory plan
             )
         )
         num_blocks += count
