@@ -125,3 +125,11 @@ def test_quantized_experts_stay_layer_by_layer(tiny_model_factory, caplog):
         )  # fmt: skip
     assert runner.accelerator is None
     assert "MoE experts: fp32 tiles only" in caplog.text
+
+
+def test_the_stacks_router_name_is_the_layers_softmax_topk():
+    """backends/cpu/fused_decode.py names the rule it computes without importing layers/."""
+    from pytgi.backends.cpu.fused_decode import MOE_ROUTER
+    from pytgi.layers.moe.config import SOFTMAX_TOPK
+
+    assert MOE_ROUTER == SOFTMAX_TOPK

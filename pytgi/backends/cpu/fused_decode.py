@@ -36,7 +36,6 @@ import torch
 
 from pytgi.backends.base import AttentionBatch, DecodeAccelerator, FusedLayers, KVCache, KVScales
 from pytgi.backends.cpu.attention import DECODE_LIKE_ROWS
-from pytgi.layers.moe.config import SOFTMAX_TOPK, MoEConfig
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +82,15 @@ SUPPORTED_FEATURES: dict[str, Callable[[Any], bool]] = {
 # the kernel's encodings of `hidden_act` and of `DecoderSpec.block` (models/config.py BLOCKS)
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_new": 2, "gelu_pytorch_tanh": 2, "gelu_fast": 2}
 BLOCKS = ("sequential", "parallel", "parallel_two_norms", "sandwich")
+# the MoE routing rule the stack's MoE MLP computes, by its name in layers/moe/config.py (backends
+# sit below layers: the spec's MoE config arrives as a value, its module is not imported here)
+MOE_ROUTER = "softmax_topk"
 
 
-def moe_unsupported(moe: MoEConfig) -> list[str]:
+def moe_unsupported(moe) -> list[str]:
     """What in an MoE config the stack's MoE MLP (csrc/moe_stack.h) does not compute."""
     reasons = []
-    if moe.router != SOFTMAX_TOPK:
+    if moe.router != MOE_ROUTER:
         reasons.append(f"router {moe.router}")
     if moe.renormalize and moe.renormalize_p != 1.0:
         reasons.append(f"p-norm renormalisation (p={moe.renormalize_p})")
@@ -101,7 +103,7 @@ def moe_unsupported(moe: MoEConfig) -> list[str]:
     return reasons
 
 
-def moe_config(moe: MoEConfig) -> torch.Tensor:
+def moe_config(moe) -> torch.Tensor:
     """The kernel's `moe.config`: int64 [experts, top_k, intermediate, renormalize, activation,
     shared_intermediate]."""
     values = (
