@@ -428,7 +428,9 @@ class Server:
 
 
 def start_server(kind: str, tools: Tools, gguf: Path, threads: int, log: Path,
-                 timeout_s: float) -> Server:  # fmt: skip
+                 timeout_s: float, pytgi_args: tuple = ()) -> Server:  # fmt: skip
+    """A llama-server or `pytgi serve` (any --model-id: a GGUF or a checkpoint directory, plus
+    `pytgi_args`) on a free port, once /health answers."""
     port = free_port()
     if kind == "llama":
         cmd = [tools.exe("llama-server"), "-m", gguf, "--host", "127.0.0.1", "--port", port,
@@ -437,7 +439,7 @@ def start_server(kind: str, tools: Tools, gguf: Path, threads: int, log: Path,
     else:
         cmd = [sys.executable, "-m", "pytgi", "serve", "--model-id", gguf, "--hostname",
                "127.0.0.1", "--port", port, "--num-threads", threads,
-               "--max-batch-total-tokens", KV_TOKENS]  # fmt: skip
+               "--max-batch-total-tokens", KV_TOKENS, *pytgi_args]  # fmt: skip
         env = _pytgi_env()
     log.parent.mkdir(parents=True, exist_ok=True)
     print("  $", " ".join(map(str, cmd)), flush=True)

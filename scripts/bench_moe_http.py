@@ -38,10 +38,8 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,19 +48,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts"), str(ROOT / "tests")]
 
 from bench_issue22 import (  # noqa: E402  (the shared process, model and measurement helpers)
-    _GROUPS,
     CONVERT,
     HOME_LLAMA,
-    KV_TOKENS,
     Server,
     Tools,
     _cleanup,
     _cpu_model,
     _fmt,
-    _llama_env,
     _on_signal,
-    _pytgi_env,
-    free_port,
     http_load,
     llama_bench,
     measured,
@@ -70,6 +63,7 @@ from bench_issue22 import (  # noqa: E402  (the shared process, model and measur
     rss_of,
     run,
     smollm2_source,
+    start_server,
 )
 from bench_moe import EXPERT_I, EXPERTS, SHAPE, TOP_K  # noqa: E402
 
@@ -160,40 +154,11 @@ def prepare(cases: list[str], plan: Plan, tools: Tools, models_dir: Path, logs: 
 
 
 def start(system: str, model: Path, tools: Tools, threads: int, log: Path) -> Server:
-    port = free_port()
-    if system == "llama":
-        cmd = [tools.exe("llama-server"), "-m", model, "--host", "127.0.0.1", "--port", port,
-               "-t", threads, "-tb", threads, "-np", 16, "-c", KV_TOKENS]  # fmt: skip
-        env = _llama_env()  # never OMP_WAIT_POLICY=PASSIVE for llama.cpp
-    else:
-        cmd = [sys.executable, "-m", "pytgi", "serve", "--model-id", model, "--hostname",
-               "127.0.0.1", "--port", port, "--num-threads", threads,
-               "--max-batch-total-tokens", KV_TOKENS]  # fmt: skip
-        if system == "moe-fallback":
-            cmd += ["--model-implementation", "transformers"]
-        env = _pytgi_env()
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print("  $", " ".join(map(str, cmd)), flush=True)
-    with open(log, "w") as f:
-        proc = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)  # fmt: skip
-    _GROUPS.add(proc.pid)
-    server = Server("llama" if system == "llama" else "pytgi", proc, f"http://127.0.0.1:{port}",
-                    log)  # fmt: skip
-    deadline = time.monotonic() + 1800
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            _GROUPS.discard(proc.pid)
-            raise RuntimeError(f"{system} server exited ({proc.returncode}), see {log}")
-        try:
-            with urllib.request.urlopen(server.url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return server
-        except OSError:
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"{system} server not healthy after 1800 s, see {log}")
+    """llama-server on a GGUF, or `pytgi serve` on a GGUF or checkpoint (the fallback forced for
+    `moe-fallback`), as bench_issue22 starts them."""
+    kind = "llama" if system == "llama" else "pytgi"
+    extra = ("--model-implementation", "transformers") if system == "moe-fallback" else ()
+    return start_server(kind, tools, model, threads, log, timeout_s=1800, pytgi_args=extra)
 
 
 def http(server: Server, tokenizer: Path, name: str, clients: int, prompt: int, plan: Plan,
